@@ -1,0 +1,1 @@
+"""ampsweep's Hydra config tree, shipped inside the package as ampsweep.conf."""

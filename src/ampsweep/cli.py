@@ -1,0 +1,168 @@
+"""The ``ampsweep`` command: train, report, reproduce, ui.
+
+Kept light at import time: torch and mlflow are imported only by the subcommands that need
+them, so ``--help`` and config errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ampsweep import __version__
+
+HYDRA_FLAGS_WITH_VALUE = {
+    "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+    "--cfg", "-c", "--package", "-p", "--experimental-rerun", "--shell-completion", "-sc",
+    "--info", "-i",
+}  # fmt: skip
+HYDRA_INFO_FLAGS = {
+    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
+    "--shell-completion", "-sc", "--experimental-rerun", "--resolve",
+}  # fmt: skip
+
+TRAIN_HELP = """\
+usage: ampsweep train [-m] [GROUP=OPTION | KEY=VALUE ...] [Hydra flags]
+
+Train one configuration (or, with -m, sweep every combination) and record each run in MLflow.
+
+  ampsweep train                                      # the default: cnn on digits, precision=auto
+  ampsweep train precision=fp16 trainer.epochs=3      # one run
+  ampsweep train -m precision=fp32,fp16,bf16          # a sweep: one parent run, a child per job
+  ampsweep train -m experiment=precision_sweep        # the ready CPU sweep
+
+Groups: precision, model, dataset, optimizer, trainer, tracking, experiment.
+`ampsweep train --help` shows every option and the composed config (Hydra's help);
+`ampsweep train --cfg job` prints the config a command would run.
+"""
+
+
+def split_train_args(args: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    """Hydra overrides, flags with their values, and bare flags of a train command line."""
+    overrides, flags, bare = [], {}, set()
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-") and "=" in a and a.split("=", 1)[0] in HYDRA_FLAGS_WITH_VALUE:
+            key, value = a.split("=", 1)
+            flags[key] = value
+        elif a in HYDRA_FLAGS_WITH_VALUE and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            flags[a] = args[i + 1]
+            i += 1
+        elif a.startswith("-"):
+            bare.add(a)
+        else:
+            overrides.append(a)
+        i += 1
+    return overrides, flags, bare
+
+
+def cmd_train(args: list[str]) -> int:
+    if args and args[0] in ("--usage",):
+        print(TRAIN_HELP)
+        return 0
+    overrides, flags, bare = split_train_args(args)
+    informational = bool((bare | set(flags)) & HYDRA_INFO_FLAGS)
+    multirun = bool(bare & {"-m", "--multirun"})
+    if not informational:
+        code = _validate(overrides, flags, multirun)
+        if code:
+            return code
+    return run_hydra(args, multirun, informational)
+
+
+def _conf_of(flags: dict[str, str]):
+    from pathlib import Path
+
+    from ampsweep.config import config_dir
+
+    path = flags.get("--config-path") or flags.get("-cp")
+    name = flags.get("--config-name") or flags.get("-cn") or "config"
+    return (Path(path).resolve() if path else config_dir()), name
+
+
+def _validate(overrides: list[str], flags: dict[str, str], multirun: bool) -> int:
+    """Compose every job of the command before anything runs."""
+    from ampsweep import console
+    from ampsweep.config import validate_command
+    from ampsweep.schema import ConfigError
+
+    conf, name = _conf_of(flags)
+    try:
+        configs = validate_command(overrides, multirun, conf, name)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2
+    if multirun:
+        from ampsweep.runner import default_run_name
+        from ampsweep.sweep import name_counts
+
+        name_counts([default_run_name(c) for c in configs if not c.tracking.run_name])
+    return 0
+
+
+def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
+    import hydra
+
+    from ampsweep import console, runner, sweep
+    from ampsweep.config import config_dir
+    from ampsweep.schema import register_configs
+
+    register_configs()
+    main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(
+        runner.hydra_task
+    )
+    argv = sys.argv
+    sys.argv = ["ampsweep-train", *args]
+    runner.OUTCOMES.clear()
+    sweep.ACTIVE = None
+    interrupted = False
+    hydra_code = 0
+    try:
+        main()
+    except KeyboardInterrupt:
+        interrupted = True
+    except SystemExit as exc:  # Hydra exits on its own errors (already printed)
+        hydra_code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+        if sweep.ACTIVE is not None:
+            sweep.finish(sweep.ACTIVE, interrupted)
+    if interrupted:
+        console.error("interrupted")
+        return runner.EXIT_KILLED
+    if informational:
+        return hydra_code
+    failed = [o for o in runner.OUTCOMES if o.status != "FINISHED"]
+    if multirun and (failed or hydra_code):
+        names = ", ".join(f"#{o.job_num} {o.name} ({o.error})" for o in failed)
+        console.error(f"{len(failed)} of {len(runner.OUTCOMES)} jobs failed: {names}")
+        return 1
+    if failed:
+        return max(o.exit_code for o in failed)
+    return hydra_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ampsweep",
+        description="Measure what mixed precision buys on your model, data and hardware.",
+    )
+    parser.add_argument("--version", action="version", version=f"ampsweep {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser(
+        "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    if argv[0] == "train":
+        return cmd_train(argv[1:])
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,61 @@
+"""Facts about where a run happened: versions, device, host, code version."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+
+import ampsweep
+
+
+def git_state(start: Path | None = None) -> dict[str, str]:
+    """``git_commit`` and ``git_dirty`` of the checkout ampsweep runs from (its source tree if
+    that is a git checkout, else the current folder); empty outside git."""
+    candidates = [Path(ampsweep.__file__).resolve().parent, start or Path.cwd()]
+    for folder in candidates:
+        try:
+            commit = subprocess.run(
+                ["git", "-C", str(folder), "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
+    return {}
+
+
+def device_tags(device: torch.device) -> dict[str, str]:
+    tags = {"device": device.type, "torch_version": torch.__version__}
+    if device.type == "cuda":
+        tags["device_name"] = torch.cuda.get_device_name(device)
+        tags["cuda_version"] = str(torch.version.cuda)
+        major, minor = torch.cuda.get_device_capability(device)
+        tags["compute_capability"] = f"{major}.{minor}"
+    else:
+        tags["device_name"] = platform.processor() or platform.machine() or "cpu"
+        tags["cpu_threads"] = str(torch.get_num_threads())
+    return tags
+
+
+def run_tags(device: torch.device) -> dict[str, str]:
+    return {
+        **device_tags(device),
+        "ampsweep_version": ampsweep.__version__,
+        "host": socket.gethostname(),
+        "python_version": platform.python_version(),
+        **git_state(),
+    }

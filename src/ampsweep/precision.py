@@ -1,0 +1,172 @@
+"""Precision policy: everything a precision mode changes, in one small module.
+
+The training loop never branches on the mode. It asks the policy for an autocast context
+(a real one or a disabled one), a GradScaler (``enabled=False`` makes every call a no-op),
+the dtype its inputs and parameters live in, and the global TF32 flags, which every mode sets
+both ways because Hydra runs the jobs of a sweep in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+
+import torch
+
+from ampsweep.schema import MODE_SPECS, ConfigError, Dtype, Mode, PrecisionConfig, ScalerConfig
+
+TORCH_DTYPES = {Dtype.fp32: torch.float32, Dtype.fp16: torch.float16, Dtype.bf16: torch.bfloat16}
+
+
+def resolve_mode(mode: Mode, device: torch.device) -> Mode:
+    """``auto``: bf16 on a CUDA GPU with bf16, fp16 (scaled) on an older GPU, fp32 on CPU."""
+    if mode != Mode.auto:
+        return mode
+    if device.type == "cuda":
+        return Mode.bf16 if torch.cuda.is_bf16_supported() else Mode.fp16
+    return Mode.fp32
+
+
+def check_supported(mode: Mode, device: torch.device) -> None:
+    """Refuse a mode this hardware cannot run, with the fix in the message."""
+    spec = MODE_SPECS[mode]
+    if spec.cuda_only and device.type != "cuda":
+        fallback = "fp32" if mode == Mode.tf32 else "bf16_pure or fp16"
+        raise ConfigError(
+            f"precision={mode.name} needs a CUDA GPU, but this run is on {device.type}: "
+            f"use precision={fallback} here, or run on a CUDA machine"
+        )
+    if (
+        device.type == "cuda"
+        and spec.compute_dtype == Dtype.bf16
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
+        raise ConfigError(
+            f"precision={mode.name} needs a GPU with native bf16 (compute capability 8.0+), "
+            f"and {torch.cuda.get_device_name(device)} has none: use precision=fp16"
+        )
+
+
+class StaticGradScaler(torch.amp.GradScaler):
+    """A GradScaler whose scale never changes.
+
+    ``step`` still skips an optimizer step whose gradients hold inf/NaN (the skip is counted by
+    the loop); ``update`` resets the scale to the fixed value instead of backing off or growing.
+    """
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        super().update(self._init_scale if new_scale is None else new_scale)
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    mode: Mode
+    device: torch.device
+    compute_dtype: torch.dtype
+    autocast_enabled: bool
+    pure: bool
+    tf32: bool
+    scaler: ScalerConfig  # enabled/dynamic resolved to booleans
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """Dtype of parameters, gradients and inputs: half in pure modes, else fp32."""
+        return self.compute_dtype if self.pure else torch.float32
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Around the forward pass and the loss only; disabled (not absent) when off, so an
+        outer autocast cannot leak in."""
+        return torch.autocast(
+            device_type=self.device.type, dtype=self.compute_dtype, enabled=self.autocast_enabled
+        )
+
+    def make_scaler(self) -> torch.amp.GradScaler:
+        s = self.scaler
+        cls = torch.amp.GradScaler if s.dynamic else StaticGradScaler
+        return cls(
+            self.device.type,
+            init_scale=s.init_scale,
+            growth_factor=s.growth_factor,
+            backoff_factor=s.backoff_factor,
+            growth_interval=s.growth_interval,
+            enabled=bool(s.enabled),
+        )
+
+    def set_global_state(self) -> None:
+        """Set the process-wide flags this mode depends on, both ways."""
+        set_tf32(self.tf32)
+        torch.clear_autocast_cache()
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(dtype=self.param_dtype)
+
+    def resolved_config(self, pc: PrecisionConfig) -> PrecisionConfig:
+        """The config as it ran: the concrete mode and its derived fields filled in."""
+        return replace(
+            pc,
+            name=self.mode,
+            scaler=self.scaler,
+            dtype=next(k for k, v in TORCH_DTYPES.items() if v == self.compute_dtype),
+            autocast=self.autocast_enabled,
+            pure=self.pure,
+            tf32=self.tf32,
+        )
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for fp32 matmuls and cuDNN convolutions. Set explicitly in every run: PyTorch's
+    defaults differ between matmul (off) and cuDNN (on), and a sweep must not inherit them."""
+    # The fp32_precision API (PyTorch 2.9+): mixing it with the legacy allow_tf32 flags is an
+    # error when the flags are read, so only the new one is used where it exists.
+    value = "tf32" if enabled else "ieee"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = value
+        torch.backends.cudnn.conv.fp32_precision = value
+    else:  # older PyTorch
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tf32_enabled() -> tuple[bool, bool]:
+    """(matmul, cuDNN convolution) TF32 state."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return (
+            torch.backends.cuda.matmul.fp32_precision == "tf32",
+            torch.backends.cudnn.conv.fp32_precision == "tf32",
+        )
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def build_policy(pc: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
+    mode = resolve_mode(pc.name, device)
+    check_supported(mode, device)
+    spec = MODE_SPECS[mode]
+    enabled = spec.scaler if pc.scaler.enabled is None else pc.scaler.enabled
+    dynamic = spec.dynamic_scale if pc.scaler.dynamic is None else pc.scaler.dynamic
+    if spec.pure and enabled:
+        raise ConfigError(
+            f"precision.scaler.enabled=true cannot run with precision={mode.name}: "
+            "GradScaler refuses fp16/bf16 gradients; use precision=fp16 for scaled fp16"
+        )
+    return PrecisionPolicy(
+        mode=mode,
+        device=device,
+        compute_dtype=TORCH_DTYPES[spec.compute_dtype],
+        autocast_enabled=spec.autocast,
+        pure=spec.pure,
+        tf32=spec.tf32,
+        scaler=replace(pc.scaler, enabled=enabled, dynamic=dynamic),
+    )
+
+
+def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """1.0 if this step's gradients held inf/NaN (so ``scaler.step`` will skip it), else 0.0.
+
+    Read from the inf checks ``unscale_`` recorded for this optimizer (GradScaler keeps them
+    per optimizer until ``update``); stays on the device, so it adds no synchronisation.
+    Only valid between ``scaler.unscale_(optimizer)`` and ``scaler.update()``.
+    """
+    if not scaler.is_enabled():
+        return torch.zeros(())
+    per_device = scaler._found_inf_per_device(optimizer)  # noqa: SLF001 - see docstring
+    return sum(v.float() for v in per_device.values()).clamp(max=1.0)

@@ -1,0 +1,222 @@
+"""MLflow tracking: where the store is, and one run's recorder.
+
+Everything goes through an explicit ``MlflowClient`` and run id, never MLflow's global
+"active run": Hydra runs the jobs of a sweep in one process, and one job's active run must
+not leak into the next. Metrics are buffered and written in batches, asynchronously, every
+``tracking.metrics_flush_every`` log calls (a synchronous write into SQLite costs ~10 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ampsweep.schema import ConfigError, TrackingConfig
+
+DEFAULT_STORE = Path("outputs") / "mlflow.db"
+PARENT_TAG = "mlflow.parentRunId"
+RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
+MAX_TAG_CHARS = 5000
+
+
+def resolve_uri(uri: str | None) -> str:
+    """``tracking.uri``, else $MLFLOW_TRACKING_URI, else an absolute SQLite URI for
+    outputs/mlflow.db under the current folder (never MLflow's cwd-relative default)."""
+    if uri:
+        return uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{(Path.cwd() / DEFAULT_STORE).resolve()}"
+
+
+def describe_store(uri: str) -> str:
+    return uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else uri
+
+
+def check_store(uri: str, key: str = "tracking.uri") -> None:
+    """Fail fast, with the fix, when the store cannot be opened."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///") :])
+        if path == (Path.cwd() / DEFAULT_STORE).resolve():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            raise ConfigError(
+                f"{key}={uri}: cannot open the MLflow store, folder {path.parent} does not exist: "
+                "create it, or leave tracking.uri unset for outputs/mlflow.db"
+            )
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigError(f"{key}={uri}: {path} is not readable and writable: fix its mode")
+        return
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
+                return
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise ConfigError(
+                f"{key}={uri}: the MLflow server does not answer ({getattr(err, 'reason', err)}):"
+                " start it (mlflow server ...) or fix the address"
+            ) from None
+    if uri.startswith("file:") or "://" not in uri:
+        raise ConfigError(
+            f"{key}={uri}: MLflow 3 no longer writes plain-folder stores: use a database, "
+            "e.g. tracking.uri=sqlite:////abs/path/mlflow.db, or an http:// server"
+        )
+
+
+def client_for(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def get_or_create_experiment(client, name: str, artifact_root: str | None) -> str:
+    """The experiment's id; a new one gets an explicit artifact location (for local stores)
+    so artifacts land under outputs/, not in ./mlruns of whatever folder we run from."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if artifact_root:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        location = (Path(artifact_root).expanduser().resolve() / safe).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # created meanwhile by a concurrent job
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    if not isinstance(err, ConfigError):
+        text = f"{type(err).__name__}: {text}"
+    return text[:MAX_TAG_CHARS]
+
+
+class NullRecorder:
+    """tracking=none: the same interface, recording nothing."""
+
+    run_id: str | None = None
+    uri: str | None = None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+    def log_text(self, text: str, name: str) -> None: ...
+    def flush(self) -> None: ...
+    def end(self, status: str, error: str | None = None) -> None: ...
+
+
+class MlflowRecorder:
+    """One MLflow run: buffered async metrics, params, tags, artifacts, and its end."""
+
+    def __init__(self, client, run_id: str, uri: str, flush_every: int):
+        self.client, self.run_id, self.uri = client, run_id, uri
+        self.flush_every = flush_every
+        self._buffer: list = []
+        self._calls = 0
+        self._pending: list = []
+        self.ended = False
+
+    @classmethod
+    def start(
+        cls,
+        cfg: TrackingConfig,
+        run_name: str,
+        tags: dict[str, str] | None = None,
+        parent_run_id: str | None = None,
+        uri: str | None = None,
+    ) -> MlflowRecorder:
+        uri = uri or resolve_uri(cfg.uri)
+        client = client_for(uri)
+        local = uri.startswith("sqlite:")
+        exp_id = get_or_create_experiment(
+            client, cfg.experiment, cfg.artifact_root if local else None
+        )
+        all_tags = dict(tags or {})
+        if parent_run_id:
+            all_tags[PARENT_TAG] = parent_run_id
+        run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+        return cls(client, run.info.run_id, uri, cfg.metrics_flush_every)
+
+    @classmethod
+    def attach(cls, uri: str, run_id: str, flush_every: int = 5) -> MlflowRecorder:
+        """Continue an existing run (resume): set it RUNNING again."""
+        client = client_for(uri)
+        client.update_run(run_id, status=RUNNING)
+        return cls(client, run_id, uri, flush_every)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:MAX_TAG_CHARS]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i : i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        self._calls += 1
+        if self._calls % self.flush_every == 0:
+            self._write(synchronous=False)
+
+    def _write(self, synchronous: bool) -> None:
+        while self._buffer:
+            chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
+            op = self.client.log_batch(self.run_id, metrics=chunk, synchronous=synchronous)
+            if op is not None:
+                self._pending.append(op)
+
+    def flush(self) -> None:
+        """Write what is buffered and wait for every asynchronous write to land."""
+        self._write(synchronous=False)
+        pending, self._pending = self._pending, []
+        for op in pending:
+            op.wait()
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_text(self, text: str, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            target = Path(tmp) / name
+            target.write_text(text)
+            self.log_artifact(target)
+
+    def log_json(self, obj: Any, name: str) -> None:
+        self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), name)
+
+    def end(self, status: str, error: str | None = None) -> None:
+        """Flush, tag the error if any, and set the final status. Safe to call twice."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            self.flush()
+        finally:
+            if error:
+                self.set_tags({"error": error})
+            self.client.set_terminated(self.run_id, status=status)
