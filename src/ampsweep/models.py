@@ -25,7 +25,11 @@ def build_mlp(cfg: ModelConfig, shape: Shape, num_classes: int) -> nn.Module:
 
 
 def build_cnn(cfg: ModelConfig, shape: Shape, num_classes: int) -> nn.Module:
-    """conv-BN-ReLU blocks, doubling width and halving resolution while the image is >= 4 px."""
+    """conv-BN-ReLU blocks, doubling width and halving resolution while the image is >= 4 px.
+
+    Average pooling rather than max pooling: max pooling saves int64 argmax indices for
+    backward, which do not shrink with the precision and would blur what AMP saves.
+    """
     c, h, _ = shape
     layers: list[nn.Module] = []
     width_in, size = c, h
@@ -37,7 +41,7 @@ def build_cnn(cfg: ModelConfig, shape: Shape, num_classes: int) -> nn.Module:
             nn.ReLU(inplace=True),
         ]
         if size >= 4:
-            layers.append(nn.MaxPool2d(2))
+            layers.append(nn.AvgPool2d(2))
             size //= 2
         width_in = width_out
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(cfg.dropout)]
