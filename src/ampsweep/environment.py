@@ -46,9 +46,20 @@ def device_tags(device: torch.device) -> dict[str, str]:
         major, minor = torch.cuda.get_device_capability(device)
         tags["compute_capability"] = f"{major}.{minor}"
     else:
-        tags["device_name"] = platform.processor() or platform.machine() or "cpu"
+        tags["device_name"] = cpu_name()
         tags["cpu_threads"] = str(torch.get_num_threads())
     return tags
+
+
+def cpu_name() -> str:
+    """The CPU model (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def run_tags(device: torch.device) -> dict[str, str]:

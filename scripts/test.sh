@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up .venv with the dev extras if needed, then lint and run the whole test suite
+# (slow end-to-end tests included; CUDA tests skip themselves without a GPU).
+# Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" -x
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup_venv.sh dev,cluster
+.venv/bin/ruff check src tests scripts
+.venv/bin/ruff format --check src tests scripts
+exec .venv/bin/python -m pytest "$@"
