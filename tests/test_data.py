@@ -303,3 +303,18 @@ def test_should_preload():
     assert data.should_preload(cfg, in_memory)
     cfg.preload = Preload.false
     assert not data.should_preload(cfg, in_memory)
+
+
+@pytest.mark.parametrize("name,cls", [("mnist", "MNIST"), ("cifar10", "CIFAR10")])
+def test_unreachable_download_says_where_and_why(tmp_path, monkeypatch, name, cls):
+    from torchvision import datasets
+
+    def offline(self):
+        raise OSError("[Errno 101] Network is unreachable")
+
+    monkeypatch.setattr(getattr(datasets, cls), "download", offline)
+    with pytest.raises(ConfigError) as info:
+        data.load(dataset(name, tmp_path, download=True))
+    message = str(info.value)
+    assert f"dataset={name}: download into {tmp_path}" in message
+    assert "Network is unreachable" in message and "\n" not in message

@@ -228,3 +228,18 @@ def test_auto_on_cuda_is_half():
     policy = policy_for("precision=auto", device=torch.device("cuda"))
     expected = Mode.bf16 if torch.cuda.is_bf16_supported() else Mode.fp16
     assert policy.mode == expected
+
+
+def test_bf16_refused_on_a_gpu_without_it(monkeypatch):
+    # No GPU here: pretend to be a pre-Ampere one, to check the refusal and its fix.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    cuda = torch.device("cuda", 0)
+    for mode in ("bf16", "bf16_pure"):
+        with pytest.raises(ConfigError) as info:
+            policy_for(f"precision={mode}", device=cuda)
+        message = str(info.value)
+        assert f"precision={mode}" in message and "Tesla T4" in message
+        assert "precision=fp16" in message
+    # ... and auto picks the scaled fp16 mode there.
+    assert policy_for("precision=auto", device=cuda).mode == Mode.fp16
