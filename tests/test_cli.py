@@ -131,3 +131,29 @@ def test_split_train_args():
     assert overrides == ["precision=fp32,fp16", "model=mlp"]
     assert flags == {"--config-name": "other", "-cp": "/x"}
     assert bare == {"-m"}
+
+
+@pytest.mark.parametrize(
+    "raised,code,status,line",
+    [
+        (RuntimeError("disk full"), 1, "FAILED", "error: RuntimeError: disk full"),
+        (KeyboardInterrupt(), 130, "KILLED", "error: interrupted"),
+    ],
+    ids=["failure", "ctrl-c"],
+)
+def test_a_run_that_breaks_is_ended_not_left_running(
+    raised, code, status, line, tmp_path, store, quick, capsys, monkeypatch
+):
+    from ampsweep import train
+
+    def broken(*args, **kwargs):
+        raise raised
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "fit", broken)
+    assert cli.main(["train", *quick, "model=mlp", f"tracking.uri={store}"]) == code
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [line]
+    assert "Traceback" not in captured.out + captured.err
+    (run,) = runs_in(store)
+    assert run.info.status == status

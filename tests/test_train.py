@@ -180,3 +180,16 @@ def test_a_few_steps_lower_the_loss_on_cuda(quick, mode):
     summary, _ = fit(s)
     assert summary["val/loss"] < before - 0.2
     assert summary["mem/peak_allocated_mib"] > 0
+
+
+@pytest.mark.parametrize("mode", ["fp16_static", "fp16"])
+def test_overflowing_steps_are_skipped_and_counted(quick, mode):
+    # A loss scale of 1e30 overflows every fp16 gradient: each step holds inf and is skipped.
+    s = setup_for(quick, f"precision={mode}", "model=mlp", "precision.scaler.init_scale=1.0e30")
+    start = _params(s.model)
+    summary, logged = fit(s)
+    assert summary["amp/skipped_steps"] == 6
+    assert [m["amp/skipped_steps"] for _, m in logged if "amp/skipped_steps" in m] == [2, 4, 6]
+    torch.testing.assert_close(_params(s.model), start, rtol=0, atol=0)  # nothing applied
+    expected_scale = 1.0e30 if mode == "fp16_static" else 1.0e30 * 0.5**6
+    assert summary["amp/loss_scale"] == pytest.approx(expected_scale, rel=1e-6)
