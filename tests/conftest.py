@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +24,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An empty SQLite store with MLflow's tables, made once per session: MLflow runs its
+    schema migrations on every new store, which costs seconds each."""
+    from ampsweep.tracking import client_for
+
+    path = tmp_path_factory.mktemp("empty_store") / "mlflow.db"
+    client_for(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> str:
-    """An empty SQLite MLflow store in a temporary folder (absolute URI)."""
+def store(tmp_path: Path, empty_store: Path) -> str:
+    """A fresh, empty SQLite MLflow store (a copy of ``empty_store``), as an absolute URI."""
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 

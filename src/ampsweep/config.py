@@ -212,6 +212,14 @@ def explain(err: BaseException, overrides: list[str], conf: Path | None) -> str:
     m = re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", cause_text)
     if m:
         return f"{full_key}={m.group(1)}: invalid value: choose one of {m.group(2)}"
+    # Hydra's compose() raises OverrideParseException carrying the override itself; its
+    # message alone ("no viable alternative at input '[1'") does not say which one was bad.
+    parsed = getattr(err, "override", None)
+    if isinstance(parsed, str):
+        return (
+            f"{parsed}: cannot parse this override ({text.splitlines()[0]}): "
+            "write key=value, group=option, or a sweep a,b,c with -m"
+        )
     if "Error parsing override" in text:
         detail = text.splitlines()[1] if len(text.splitlines()) > 1 else ""
         bad = re.search(r"Error parsing override '([^']*)'", text)

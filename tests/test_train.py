@@ -1,0 +1,195 @@
+"""train.py and metrics.py: the one training loop, on CPU, in every mode it can run there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ampsweep import config, data, train
+from ampsweep.metrics import SavedTensorMeter
+from ampsweep.precision import build_policy
+
+CPU_MODES = ["fp32", "fp16", "fp16_static", "fp16_noscale", "bf16", "bf16_pure"]
+
+
+def setup_for(quick, *overrides: str) -> train.Setup:
+    return train.build(config.load([*quick, "tracking=none", *overrides]))
+
+
+def fit(setup: train.Setup) -> tuple[dict, list[tuple[int, dict]]]:
+    logged: list[tuple[int, dict]] = []
+    summary = train.fit(setup, lambda metrics, step: logged.append((step, dict(metrics))))
+    return summary, logged
+
+
+@pytest.mark.parametrize("mode", CPU_MODES)
+def test_a_few_steps_lower_the_loss(quick, mode):
+    s = setup_for(
+        quick, f"precision={mode}", "trainer.max_steps=20", "trainer.log_every=1",
+        "optimizer.lr=1e-2",
+    )  # fmt: skip
+    before, _ = train.evaluate(s.model, s.val_batches, s.policy)
+    summary, logged = fit(s)
+    assert summary["train/steps"] == 20
+    assert summary["val/loss"] < before - 0.2, (before, summary["val/loss"])
+    losses = [m["train/loss"] for _, m in logged if "train/loss" in m]
+    assert len(losses) == 20
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert summary["amp/skipped_steps"] == 0
+    scaled = mode in ("fp16", "fp16_static")
+    assert ("amp/loss_scale" in logged[0][1]) == scaled
+    assert ("amp/loss_scale" in summary) == scaled
+
+
+def _params(model) -> list[torch.Tensor]:
+    return [p.detach().clone().float() for p in model.parameters()]
+
+
+def test_clipping_with_a_scaler_sees_unscaled_gradients(quick, monkeypatch):
+    """The norm clip_grad_norm_ measures under a 1024x loss scale equals the unscaled one,
+    and so do the clipped updates (plain SGD, so a wrongly scaled clip would show)."""
+    norms: list[float] = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def recording_clip(params, max_norm, *args, **kwargs):
+        norm = real_clip(params, max_norm, *args, **kwargs)
+        norms.append(norm.item())
+        return norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
+    common = [
+        "model=mlp",
+        "optimizer=sgd",
+        "optimizer.momentum=0",
+        "optimizer.nesterov=false",
+        "trainer.max_steps=1",
+        "trainer.grad_clip=0.05",
+    ]
+    results = {}
+    for mode in ("fp16", "fp16_noscale"):
+        s = setup_for(quick, f"precision={mode}", "precision.scaler.init_scale=1024", *common)
+        fit(s)
+        results[mode] = (norms[-1], _params(s.model), s.scaler.is_enabled())
+    (scaled_norm, scaled_params, on), (plain_norm, plain_params, off) = results.values()
+    assert on and not off
+    assert plain_norm > 0.05  # clipping really acted
+    assert scaled_norm == pytest.approx(plain_norm, rel=1e-2)
+    for a, b in zip(scaled_params, plain_params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_gradient_accumulation_matches_one_larger_batch(quick):
+    # mlp (no BatchNorm: its statistics differ per micro-batch), fp32, no dropout.
+    common = [
+        "precision=fp32",
+        "model=mlp",
+        "model.dropout=0",
+        "optimizer=sgd",
+        "trainer.max_steps=3",
+        "trainer.log_every=1",
+    ]
+    one = setup_for(quick, *common, "trainer.batch_size=64")
+    two = setup_for(quick, *common, "trainer.batch_size=32", "trainer.grad_accum_steps=2")
+    torch.testing.assert_close(_params(one.model), _params(two.model))  # same start
+    _, logged_one = fit(one)
+    _, logged_two = fit(two)
+    torch.testing.assert_close(_params(one.model), _params(two.model), rtol=1e-5, atol=1e-6)
+    loss_one = [m["train/loss"] for _, m in logged_one if "train/loss" in m]
+    loss_two = [m["train/loss"] for _, m in logged_two if "train/loss" in m]
+    assert loss_one == pytest.approx(loss_two, rel=1e-5)
+    assert one.total_steps == two.total_steps == 3
+
+
+def test_deterministic_runs_are_bit_for_bit_equal(quick):
+    runs = []
+    for _ in range(2):
+        s = setup_for(quick, "trainer.deterministic=true", "trainer.max_steps=5")
+        summary, _ = fit(s)
+        runs.append((summary["val/loss"], s.model.state_dict()))
+    (loss_a, state_a), (loss_b, state_b) = runs
+    assert loss_a == loss_b
+    for key in state_a:
+        assert torch.equal(state_a[key], state_b[key]), key
+
+
+def test_evaluate_accuracy_and_loss():
+    # The "model" returns its input as logits, so the expected numbers are known exactly.
+    logits = torch.tensor(
+        [[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 5.0, 0.0]]
+    )
+    labels = torch.tensor([0, 1, 0, 2, 1])  # three of five right
+    split = (logits.view(5, 1, 1, 3), labels)
+    batches = data.Batches(
+        split, 2, torch.device("cpu"), torch.float32, shuffle=False, drop_last=False, seed=0,
+        preload=True,
+    )  # fmt: skip
+    policy = build_policy(config.load(["precision=fp32"]).precision, torch.device("cpu"))
+    loss, acc = train.evaluate(torch.nn.Flatten(), batches, policy)
+    assert acc == pytest.approx(3 / 5)
+    expected = torch.nn.functional.cross_entropy(logits, labels).item()
+    assert loss == pytest.approx(expected, rel=1e-6)
+
+
+def test_saved_tensor_meter_counts_saved_activations_not_parameters():
+    layer = torch.nn.Linear(100, 50)
+    meter = SavedTensorMeter(layer)
+    x = torch.randn(32, 100)
+    with meter.record():
+        layer(x).sum()
+    # Linear saves its input for the weight gradient: 32 x 100 fp32; the weight is a parameter.
+    assert meter.bytes == 32 * 100 * 4
+    with meter.record(enabled=False):
+        layer(x).sum()
+    assert meter.bytes == 32 * 100 * 4  # a disabled record leaves the count alone
+
+
+def test_half_precision_halves_activation_memory_of_the_cnn(quick):
+    mib = {}
+    for mode in ("fp32", "fp16", "bf16"):
+        summary, _ = fit(setup_for(quick, f"precision={mode}", "model=cnn", "trainer.max_steps=1"))
+        mib[mode] = summary["mem/activation_mib"]
+    assert mib["fp32"] > 0
+    for mode in ("fp16", "bf16"):
+        assert 0.4 < mib[mode] / mib["fp32"] <= 0.6, mib
+
+
+def test_summary_holds_speed_and_memory(quick):
+    summary, _ = fit(setup_for(quick))
+    assert summary["train/steps"] == 6
+    assert summary["perf/step_time_ms"] > 0
+    expected = 64 * 1000.0 / summary["perf/step_time_ms"]
+    assert summary["perf/samples_per_s"] == pytest.approx(expected)
+    assert summary["perf/wall_s"] > 0 and summary["mem/peak_rss_mib"] > 0
+    assert "mem/peak_allocated_mib" not in summary  # CUDA only
+    assert 0.0 <= summary["val/acc"] <= 1.0
+
+
+def test_batch_larger_than_data_is_refused(quick):
+    with pytest.raises(train.ConfigError, match="trainer.batch_size=100000"):
+        setup_for(quick, "trainer.batch_size=100000")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "fp16", "bf16", "fp16_pure", "bf16_pure"])
+def test_a_few_steps_lower_the_loss_on_cuda(quick, mode):
+    s = setup_for(
+        quick, f"precision={mode}", "trainer.device=cuda", "trainer.max_steps=20",
+        "optimizer.lr=1e-2",
+    )  # fmt: skip
+    before, _ = train.evaluate(s.model, s.val_batches, s.policy)
+    summary, _ = fit(s)
+    assert summary["val/loss"] < before - 0.2
+    assert summary["mem/peak_allocated_mib"] > 0
+
+
+@pytest.mark.parametrize("mode", ["fp16_static", "fp16"])
+def test_overflowing_steps_are_skipped_and_counted(quick, mode):
+    # A loss scale of 1e30 overflows every fp16 gradient: each step holds inf and is skipped.
+    s = setup_for(quick, f"precision={mode}", "model=mlp", "precision.scaler.init_scale=1.0e30")
+    start = _params(s.model)
+    summary, logged = fit(s)
+    assert summary["amp/skipped_steps"] == 6
+    assert [m["amp/skipped_steps"] for _, m in logged if "amp/skipped_steps" in m] == [2, 4, 6]
+    torch.testing.assert_close(_params(s.model), start, rtol=0, atol=0)  # nothing applied
+    expected_scale = 1.0e30 if mode == "fp16_static" else 1.0e30 * 0.5**6
+    assert summary["amp/loss_scale"] == pytest.approx(expected_scale, rel=1e-6)
