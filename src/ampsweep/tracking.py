@@ -70,6 +70,27 @@ def check_store(uri: str, key: str = "tracking.uri") -> None:
         )
 
 
+def prepare_store(uri: str) -> None:
+    """Create or migrate a SQLite store once, under a file lock, before any job writes to it.
+
+    MLflow creates its tables on first use; several processes doing that at once on a new file
+    race (``table ... already exists``). The CLI calls this before launching jobs, and the lock
+    serialises independent commands started together.
+    """
+    if not uri.startswith("sqlite:///"):
+        return  # a server or database migrates itself (``mlflow db upgrade``)
+    import fcntl
+
+    path = Path(uri[len("sqlite:///") :])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client_for(uri).search_experiments(max_results=1)  # opens (creates) the store
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def client_for(uri: str):
     from mlflow import MlflowClient
 
