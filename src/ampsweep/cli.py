@@ -88,16 +88,18 @@ def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | N
     if rank.enabled and multirun:
         console.error(
             "-m under torchrun: a sweep cannot run inside one process group: run the sweep "
-            "with hydra/launcher=submitit_slurm and hydra.launcher.tasks_per_node=N instead"
+            "with hydra/launcher=ampsweep_slurm trainer.nproc=N instead"
         )
         return 2
     nproc = max(c.trainer.nproc for c in configs)
-    own_launcher = any(o.startswith("hydra/launcher=submitit") for o in overrides)
+    own_launcher = any(
+        o.startswith("hydra/launcher=") and o != "hydra/launcher=basic" for o in overrides
+    )
     if multirun and nproc > 1 and not own_launcher:
         console.error(
             f"trainer.nproc={nproc} in a sweep: the jobs of a sweep run in this one process: "
-            "add hydra/launcher=submitit_slurm (or submitit_local) with "
-            f"hydra.launcher.tasks_per_node={nproc}, or run single jobs with trainer.nproc"
+            "add hydra/launcher=ampsweep_slurm (or ampsweep_local), which starts "
+            "trainer.nproc processes per job, or run single jobs with trainer.nproc"
         )
         return 2
     return None
