@@ -125,13 +125,13 @@ def _validate(overrides: list[str], flags: dict[str, str], multirun: bool, recor
     conf, name = _conf_of(flags)
     try:
         configs = validate_command(overrides, multirun, conf, name)
-        uris = {
-            tracking.resolve_uri(c.tracking.uri)
+        stores = {
+            tracking.resolve_uri(c.tracking.uri): tracking.uri_key(c.tracking.uri)
             for c in configs
             if c.tracking.backend == Tracker.mlflow
         }
-        for uri in sorted(uris) if record else []:
-            tracking.check_store(uri)  # an unreachable server fails here, before training
+        for uri, key in sorted(stores.items()) if record else []:
+            tracking.check_store(uri, key)  # an unreachable server fails here, before training
             tracking.prepare_store(uri)
     except ConfigError as err:
         console.error(str(err))

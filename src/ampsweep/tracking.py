@@ -36,6 +36,15 @@ def resolve_uri(uri: str | None) -> str:
     return f"sqlite:///{(Path.cwd() / DEFAULT_STORE).resolve()}"
 
 
+def uri_key(uri: str | None) -> str:
+    """Where the URI came from, for error messages: the config key or the variable."""
+    return (
+        "MLFLOW_TRACKING_URI"
+        if not uri and os.environ.get("MLFLOW_TRACKING_URI")
+        else ("tracking.uri")
+    )
+
+
 def describe_store(uri: str) -> str:
     return uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else uri
 
