@@ -192,7 +192,8 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
         ]
     if multirun and (failed or hydra_code):
         names = ", ".join(f"#{o.job_num} {o.name} ({o.error})" for o in failed)
-        console.error(f"{len(failed)} of {len(runner.OUTCOMES)} jobs failed: {names}")
+        total = len(runner.OUTCOMES) or len(failed)  # jobs in other processes: the store's count
+        console.error(f"{len(failed)} of {total} jobs failed: {names}")
         return 1
     if failed:
         return max(o.exit_code for o in failed)
