@@ -61,14 +61,48 @@ def cmd_train(args: list[str]) -> int:
     if args and args[0] in ("--usage",):
         print(TRAIN_HELP)
         return 0
+    from ampsweep import distributed
+
     overrides, flags, bare = split_train_args(args)
     informational = bool((bare | set(flags)) & HYDRA_INFO_FLAGS)
     multirun = bool(bare & {"-m", "--multirun"})
+    rank = distributed.from_env()
     if not informational:
-        code = _validate(overrides, flags, multirun)
+        code, configs = _validate(overrides, flags, multirun, record=rank.is_main)
         if code:
             return code
-    return run_hydra(args, multirun, informational)
+        code = _check_nproc(configs, overrides, multirun, rank)
+        if code is not None:
+            return code
+        nproc = configs[0].trainer.nproc
+        if nproc > 1 and not rank.enabled and not multirun:
+            return distributed.launch(args, nproc)  # each worker runs this command again
+    # Under torchrun every rank runs Hydra; only rank 0 keeps a run dir and .hydra/ files.
+    return run_hydra([*args, *distributed.rank_overrides(rank)], multirun, informational)
+
+
+def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | None:
+    """DDP is one training in N processes; a sweep's jobs get theirs from a launcher."""
+    from ampsweep import console
+
+    if rank.enabled and multirun:
+        console.error(
+            "-m under torchrun: a sweep cannot run inside one process group: run the sweep "
+            "with hydra/launcher=ampsweep_slurm trainer.nproc=N instead"
+        )
+        return 2
+    nproc = max(c.trainer.nproc for c in configs)
+    own_launcher = any(
+        o.startswith("hydra/launcher=") and o != "hydra/launcher=basic" for o in overrides
+    )
+    if multirun and nproc > 1 and not own_launcher:
+        console.error(
+            f"trainer.nproc={nproc} in a sweep: the jobs of a sweep run in this one process: "
+            "add hydra/launcher=ampsweep_slurm (or ampsweep_local), which starts "
+            "trainer.nproc processes per job, or run single jobs with trainer.nproc"
+        )
+        return 2
+    return None
 
 
 def _conf_of(flags: dict[str, str]):
@@ -81,24 +115,33 @@ def _conf_of(flags: dict[str, str]):
     return (Path(path).resolve() if path else config_dir()), name
 
 
-def _validate(overrides: list[str], flags: dict[str, str], multirun: bool) -> int:
-    """Compose every job of the command before anything runs."""
-    from ampsweep import console
+def _validate(overrides: list[str], flags: dict[str, str], multirun: bool, record: bool = True):
+    """Compose every job of the command before anything runs; open (create or migrate) each
+    MLflow store once, here, before jobs in other processes start writing to it."""
+    from ampsweep import console, tracking
     from ampsweep.config import validate_command
-    from ampsweep.schema import ConfigError
+    from ampsweep.schema import ConfigError, Tracker
 
     conf, name = _conf_of(flags)
     try:
         configs = validate_command(overrides, multirun, conf, name)
+        stores = {
+            tracking.resolve_uri(c.tracking.uri): tracking.uri_key(c.tracking.uri)
+            for c in configs
+            if c.tracking.backend == Tracker.mlflow
+        }
+        for uri, key in sorted(stores.items()) if record else []:
+            tracking.check_store(uri, key)  # an unreachable server fails here, before training
+            tracking.prepare_store(uri)
     except ConfigError as err:
         console.error(str(err))
-        return 2
+        return 2, []
     if multirun:
         from ampsweep.runner import default_run_name
         from ampsweep.sweep import name_counts
 
         name_counts([default_run_name(c) for c in configs if not c.tracking.run_name])
-    return 0
+    return 0, configs
 
 
 def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
@@ -118,6 +161,7 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
     sweep.ACTIVE = None
     interrupted = False
     hydra_code = 0
+    not_finished = []
     try:
         main()
     except KeyboardInterrupt:
@@ -127,16 +171,29 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
     finally:
         sys.argv = argv
         if sweep.ACTIVE is not None:
-            sweep.finish(sweep.ACTIVE, interrupted)
+            not_finished = sweep.finish(sweep.ACTIVE, interrupted)
     if interrupted:
         console.error("interrupted")
         return runner.EXIT_KILLED
     if informational:
         return hydra_code
     failed = [o for o in runner.OUTCOMES if o.status != "FINISHED"]
+    if multirun and not runner.OUTCOMES and not_finished:
+        # The jobs ran in other processes (submitit): their runs in the store say how they ended.
+        failed = [
+            runner.JobOutcome(
+                r.info.run_name,
+                r.info.status,
+                r.info.run_id,
+                error=r.data.tags.get("error", r.info.status),
+                job_num=r.data.tags.get("job_num"),
+            )
+            for r in not_finished
+        ]
     if multirun and (failed or hydra_code):
         names = ", ".join(f"#{o.job_num} {o.name} ({o.error})" for o in failed)
-        console.error(f"{len(failed)} of {len(runner.OUTCOMES)} jobs failed: {names}")
+        total = len(runner.OUTCOMES) or len(failed)  # jobs in other processes: the store's count
+        console.error(f"{len(failed)} of {total} jobs failed: {names}")
         return 1
     if failed:
         return max(o.exit_code for o in failed)

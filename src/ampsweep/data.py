@@ -306,8 +306,11 @@ class Batches:
         num_workers: int = 0,
         augment: Augment | None = None,
         channels_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         self.batch_size, self.device, self.dtype = batch_size, device, dtype
+        self.rank, self.world_size = rank, world_size
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.augment = augment if augment and augment.active else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -320,19 +323,30 @@ class Batches:
         else:
             dataset = torch.utils.data.TensorDataset(*split) if isinstance(split, tuple) else split
             self.dataset, self.n, self.num_workers = dataset, len(dataset), num_workers
-        if self.n == 0 or (drop_last and self.n < batch_size):
+        # Under DDP each rank reads every world_size-th sample of the epoch's order (like
+        # torch's DistributedSampler); training drops the tail so all ranks take as many steps.
+        shares = self.n // world_size if drop_last else len(range(rank, self.n, world_size))
+        self.shard_n = shares
+        if self.n == 0 or (drop_last and shares < batch_size):
+            per_rank = f" ({shares} per process for {world_size})" if world_size > 1 else ""
             raise ConfigError(
-                f"trainer.batch_size={batch_size} is larger than the {self.n} training samples: "
-                "lower trainer.batch_size"
+                f"trainer.batch_size={batch_size} is larger than the {self.n} training samples"
+                f"{per_rank}: lower trainer.batch_size"
             )
 
     def __len__(self) -> int:
-        full, rest = divmod(self.n, self.batch_size)
+        full, rest = divmod(self.shard_n, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches ``start``.. of ``epoch`` (``start`` > 0 resumes mid-epoch)."""
         order = epoch_order(self.n, self.seed, epoch) if self.shuffle else torch.arange(self.n)
+        if self.world_size > 1:
+            # Every rank draws the same (seed, epoch) permutation and keeps its own slice: the
+            # ranks' batch i together are the single-process batch i of a world_size-times
+            # larger batch size.
+            order = order[: self.shard_n * self.world_size if self.drop_last else self.n]
+            order = order[self.rank :: self.world_size]
         order = order[: len(self) * self.batch_size] if self.drop_last else order
         g = torch.Generator(device=self.device) if self.augment else None
         if self.preload:

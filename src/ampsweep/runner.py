@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ampsweep import console, tracking
+from ampsweep import console, distributed, tracking
 from ampsweep.config import flatten, to_config, to_yaml
 from ampsweep.schema import Config, ConfigError, Tracker
 
@@ -70,10 +70,22 @@ def hydra_task(node) -> JobOutcome:
 
 
 def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = None) -> JobOutcome:
-    """Run one job from a composed config node (or a Config)."""
+    """Run one job from a composed config node (or a Config); under DDP, this rank's part."""
+    ctx = ctx or JobContext()
+    distributed.export_submitit_env()  # a submitit task array: one task per rank
+    rank = distributed.from_env()
+    outcome = None
+    with distributed.quiet_unless_main(rank):
+        try:
+            outcome = _run_job(node, ctx, parent_run_id, rank)
+            return outcome
+        finally:
+            distributed.shutdown(wait_for_all=outcome is not None and outcome.exit_code == 0)
+
+
+def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutcome:
     from ampsweep import sweep  # the sweep context (parent run) when this job is part of one
 
-    ctx = ctx or JobContext()
     recorder = None
     name = "job"
     sweep_info = sweep.job_sweep_info(ctx) if parent_run_id is None else None
@@ -82,13 +94,17 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
     try:
         cfg = node if isinstance(node, Config) else to_config(node)
         base_name = name = cfg.tracking.run_name or default_run_name(cfg)
-        use_mlflow = cfg.tracking.backend == Tracker.mlflow
+        # Only rank 0 records: one training across N processes is one MLflow run.
+        use_mlflow = cfg.tracking.backend == Tracker.mlflow and rank.is_main
         uri = tracking.resolve_uri(cfg.tracking.uri)
         if use_mlflow:
             tracking.check_store(uri)
         from ampsweep import train  # torch is imported only once the config is known good
 
         setup, build_error = None, None
+        if rank.enabled:
+            cfg = _with_world_size(cfg, rank.world_size)
+            distributed.init(rank, train.select_device(cfg.trainer.device).type)
         try:
             setup = train.build(cfg)
             cfg = setup.cfg
@@ -103,7 +119,7 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
             recorder = tracking.MlflowRecorder.start(
                 cfg.tracking, name, tags=_tags(cfg, ctx), parent_run_id=parent_run_id, uri=uri
             )
-            recorder.log_params(flatten(cfg))
+            recorder.log_params({**flatten(cfg), "world_size": rank.world_size})
             recorder.log_text(to_yaml(cfg), "config.yaml")
         else:
             recorder = tracking.NullRecorder()
@@ -115,7 +131,7 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
             f"{setup.num_params:,} parameters, {setup.dataset_info['train_samples']} train / "
             f"{setup.dataset_info['val_samples']} val samples, {setup.total_steps} steps"
         )
-        progress = console.EpochProgress(cfg.trainer.progress)
+        progress = console.EpochProgress(cfg.trainer.progress and rank.is_main)
         summary = train.fit(setup, recorder.log_metrics, progress)
         final_step = int(summary["train/steps"])
         recorder.log_metrics(
@@ -158,6 +174,13 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
     outcome.job_num, outcome.overrides = ctx.job_num, ctx.overrides
     OUTCOMES.append(outcome)
     return outcome
+
+
+def _with_world_size(cfg: Config, world_size: int) -> Config:
+    """Record the processes that actually ran (torchrun may start more than trainer.nproc)."""
+    from dataclasses import replace
+
+    return replace(cfg, trainer=replace(cfg.trainer, nproc=world_size))
 
 
 def _tags(cfg: Config, ctx: JobContext) -> dict[str, str]:

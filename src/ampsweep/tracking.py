@@ -36,6 +36,15 @@ def resolve_uri(uri: str | None) -> str:
     return f"sqlite:///{(Path.cwd() / DEFAULT_STORE).resolve()}"
 
 
+def uri_key(uri: str | None) -> str:
+    """Where the URI came from, for error messages: the config key or the variable."""
+    return (
+        "MLFLOW_TRACKING_URI"
+        if not uri and os.environ.get("MLFLOW_TRACKING_URI")
+        else ("tracking.uri")
+    )
+
+
 def describe_store(uri: str) -> str:
     return uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else uri
 
@@ -68,6 +77,27 @@ def check_store(uri: str, key: str = "tracking.uri") -> None:
             f"{key}={uri}: MLflow 3 no longer writes plain-folder stores: use a database, "
             "e.g. tracking.uri=sqlite:////abs/path/mlflow.db, or an http:// server"
         )
+
+
+def prepare_store(uri: str) -> None:
+    """Create or migrate a SQLite store once, under a file lock, before any job writes to it.
+
+    MLflow creates its tables on first use; several processes doing that at once on a new file
+    race (``table ... already exists``). The CLI calls this before launching jobs, and the lock
+    serialises independent commands started together.
+    """
+    if not uri.startswith("sqlite:///"):
+        return  # a server or database migrates itself (``mlflow db upgrade``)
+    import fcntl
+
+    path = Path(uri[len("sqlite:///") :])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client_for(uri).search_experiments(max_results=1)  # opens (creates) the store
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def client_for(uri: str):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ampsweep import data, models, optim
+from ampsweep import data, distributed, models, optim
 from ampsweep.metrics import SavedTensorMeter, StepTimer, peak_memory, reset_peak_memory
 from ampsweep.precision import PrecisionPolicy, build_policy, found_inf
 from ampsweep.schema import Config, ConfigError, Device
@@ -70,6 +70,7 @@ def build(cfg: Config) -> Setup:
     """Everything that can refuse the config (hardware, data, shapes) fails here, before a
     run is recorded."""
     t = cfg.trainer
+    rank = distributed.current()  # the process group is joined before build (runner)
     device = select_device(t.device)
     policy = build_policy(cfg.precision, device)
     cfg = replace(cfg, precision=policy.resolved_config(cfg.precision))
@@ -89,6 +90,8 @@ def build(cfg: Config) -> Setup:
         preload=preload,
         num_workers=t.num_workers,
         channels_last=t.channels_last,
+        rank=rank.rank,
+        world_size=rank.world_size,
     )
     augment = data.Augment(cfg.dataset.random_crop_padding, cfg.dataset.horizontal_flip)
     train_batches = data.Batches(
@@ -109,6 +112,7 @@ def build(cfg: Config) -> Setup:
     model = policy.prepare_model(model.to(device))
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
     optimizer = optim.build_optimizer(cfg.optimizer, model, device)
     schedule = optim.build_schedule(cfg.optimizer, optimizer, total)
     if t.compile:
@@ -138,7 +142,11 @@ def build(cfg: Config) -> Setup:
 
 @torch.inference_mode()
 def evaluate(model, batches: data.Batches, policy: PrecisionPolicy) -> tuple[float, float]:
-    """Mean loss and accuracy over a whole split, under the run's autocast."""
+    """Mean loss and accuracy over a whole split, under the run's autocast.
+
+    Under DDP each rank scores its shard with the plain module (DDP's forward would sync
+    buffers, and shards may differ by one batch) and the sums are added over the ranks."""
+    model = distributed.unwrap(model) if distributed.current().enabled else model
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), device=batches.device, dtype=torch.float64)
@@ -149,7 +157,9 @@ def evaluate(model, batches: data.Batches, policy: PrecisionPolicy) -> tuple[flo
             loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
         correct += (logits.argmax(dim=1) == y).sum()
     model.train(was_training)
-    n = batches.n
+    distributed.all_reduce(loss_sum)
+    distributed.all_reduce(correct)
+    n = batches.n  # the whole split: every rank's shard together
     return loss_sum.item() / n, correct.item() / n  # one sync per evaluation
 
 
@@ -217,7 +227,9 @@ def fit(s: Setup, log: LogFn, progress=None, state: TrainState | None = None) ->
             timer.stop()
 
             if state.step % t.log_every == 0:
-                metrics = {"train/loss": loss_sum.item() / loss_terms}  # a sync point
+                distributed.all_reduce(loss_sum)  # the mean over every rank's batches
+                world = distributed.current().world_size
+                metrics = {"train/loss": loss_sum.item() / loss_terms / world}  # a sync point
                 metrics["train/lr"] = s.schedule.get_last_lr()[0]
                 if scaler.is_enabled():
                     metrics["amp/loss_scale"] = scaler.get_scale()
@@ -257,6 +269,14 @@ def fit(s: Setup, log: LogFn, progress=None, state: TrainState | None = None) ->
     if scaler.is_enabled():
         summary["amp/loss_scale"] = scaler.get_scale()
     summary.update(peak_memory(s.device))
+    if distributed.current().enabled:
+        # One run for the whole group: throughput adds up, memory is the worst rank's.
+        summed = distributed.reduce_floats(
+            {"perf/samples_per_s": summary.get("perf/samples_per_s", 0.0)}, "sum", s.device
+        )
+        peaks = {k: v for k, v in summary.items() if k.startswith("mem/peak")}
+        summary.update(summed)
+        summary.update(distributed.reduce_floats(peaks, "max", s.device))
     return summary
 
 

@@ -1,0 +1,198 @@
+"""A shared tracking server: a real ``mlflow server`` on loopback (SQLite, and PostgreSQL when
+Debian's postgresql package is installed), with artifacts served over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from glob import glob
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+TINY = [
+    "model=mlp",
+    "model.width=8",
+    "trainer.epochs=1",
+    "trainer.max_steps=4",
+    "trainer.log_every=1",
+    "trainer.progress=false",
+    "trainer.timing_warmup_steps=1",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, folder: Path):
+    """``mlflow server`` on 127.0.0.1 with served artifacts; yields its http:// URL."""
+    port = free_port()
+    log = open(folder / "server.log", "w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            backend_uri,
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+        ],  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=folder,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        "mlflow server did not start:\n" + (folder / "server.log").read_text()
+                    )
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _read_back(url: str):
+    """Every run in the server's store, read over HTTP (``ampsweep report`` comes later)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return client, client.search_runs(exps, max_results=1000)
+
+
+@pytest.mark.slow
+def test_sweep_over_http_with_served_artifacts(tmp_path):
+    with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path) as url:
+        proc = run_cli(
+            ["train", "-m", *TINY, "precision=fp32,bf16", f"tracking.uri={url}"], tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        client, runs = _read_back(url)
+        parent = next(r for r in runs if r.data.tags.get("ampsweep.sweep") == "true")
+        kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert len(runs) == 3 and len(kids) == 2
+        assert parent.info.status == "FINISHED"
+        metric_points = 0
+        for kid in kids:
+            assert kid.info.status == "FINISHED"
+            # artifacts went through the server (mlflow-artifacts:), not to a local folder
+            assert kid.info.artifact_uri.startswith("mlflow-artifacts:")
+            names = {a.path for a in client.list_artifacts(kid.info.run_id)}
+            assert {"config.yaml", "summary.json", ".hydra"} <= names
+            text = Path(client.download_artifacts(kid.info.run_id, "config.yaml", str(tmp_path)))
+            assert "precision:" in text.read_text()
+            for key in kid.data.metrics:
+                metric_points += len(client.get_metric_history(kid.info.run_id, key))
+            assert len(client.get_metric_history(kid.info.run_id, "train/loss")) == 4
+        assert not (tmp_path / "outputs" / "mlflow.db").exists()  # nothing fell back to local
+        print(f"server test: {len(runs)} runs, {metric_points} metric points over HTTP")
+
+
+def test_unreachable_server_fails_fast_before_training(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for args, env, key in (
+        ([f"tracking.uri={url}"], {}, "tracking.uri"),
+        ([], {"MLFLOW_TRACKING_URI": url}, "MLFLOW_TRACKING_URI"),
+    ):
+        proc = run_cli(["train", *TINY, *args], tmp_path, env=env)
+        assert proc.returncode == 2
+        err = proc.stderr.strip()
+        assert f"{key}={url}" in err and "does not answer" in err and "mlflow server" in err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "steps" not in proc.stdout  # no training started
+        assert not (tmp_path / "outputs").exists()
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+@contextlib.contextmanager
+def postgres():
+    """A throw-away PostgreSQL cluster on 127.0.0.1; yields a SQLAlchemy URI for database
+    ``mlflow``. PostgreSQL refuses to run as root, so as root it runs as user postgres."""
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+    pytest.importorskip("psycopg2", reason="MLflow's PostgreSQL backend needs psycopg2-binary")
+    as_user: list[str] = []
+    folder = Path(tempfile.mkdtemp(prefix="ampsweep-pg-"))  # not under root's private /tmp dir
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL")
+        os.chown(folder, user.pw_uid, user.pw_gid)
+        as_user = [shutil.which("runuser") or "runuser", "-u", "postgres", "--"]
+    data, port = folder / "data", free_port()
+
+    def pg(*cmd):
+        subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120)
+
+    pg(str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")
+    opts = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
+    log = str(folder / "pg.log")
+    pg(str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", log, "-w", "start")
+    try:
+        pg(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow")
+        # SQLAlchemy 2.1 reads plain postgresql:// as psycopg 3: name the driver we install
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"
+    finally:
+        pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_server_with_postgresql_backend(tmp_path):
+    with postgres() as db, mlflow_server(db, tmp_path) as url:
+        proc = run_cli(["train", *TINY, f"tracking.uri={url}"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        client, runs = _read_back(url)
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        run = runs[0]
+        assert {"val/acc", "perf/samples_per_s", "train/loss"} <= set(run.data.metrics)
+        assert run.data.params["model.name"] == "mlp"
+        assert "summary.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+        # the rows really are in PostgreSQL
+        import sqlalchemy
+
+        with sqlalchemy.create_engine(db).connect() as conn:
+            n = conn.execute(sqlalchemy.text("select count(*) from runs")).scalar()
+        assert n == 1
