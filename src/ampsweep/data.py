@@ -334,14 +334,12 @@ class Batches:
         """Batches ``start``.. of ``epoch`` (``start`` > 0 resumes mid-epoch)."""
         order = epoch_order(self.n, self.seed, epoch) if self.shuffle else torch.arange(self.n)
         order = order[: len(self) * self.batch_size] if self.drop_last else order
-        g = None
-        if self.augment:
-            g = torch.Generator(device=self.device).manual_seed(self.seed + 7919 * (epoch + 1))
+        g = torch.Generator(device=self.device) if self.augment else None
         if self.preload:
             order = order.to(self.device)
             for i in range(start, len(self)):
                 idx = order[i * self.batch_size : (i + 1) * self.batch_size]
-                yield self._finish(self.x[idx], g), self.y[idx]
+                yield self._finish(self.x[idx], g, epoch, i), self.y[idx]
             return
         batches = [
             order[i * self.batch_size : (i + 1) * self.batch_size].tolist()
@@ -353,14 +351,22 @@ class Batches:
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
             persistent_workers=False,
+            # Its own generator: the loader's worker seed must not draw from the global RNG,
+            # or a run resumed mid-epoch would continue from a different global RNG state.
+            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch),
         )
-        for x, y in loader:
+        for i, (x, y) in enumerate(loader, start):
             x = x.to(self.device, dtype=self.dtype, non_blocking=True)
             x = x.contiguous(memory_format=self.memory_format)
-            yield self._finish(x, g), y.to(self.device, non_blocking=True)
+            yield self._finish(x, g, epoch, i), y.to(self.device, non_blocking=True)
 
-    def _finish(self, x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
-        return self.augment(x, g) if g is not None else x
+    def _finish(self, x: torch.Tensor, g: torch.Generator | None, epoch: int, i: int):
+        """Augment batch ``i``: seeded per (seed, epoch, batch), so a resumed epoch draws the
+        same crops and flips as an uninterrupted one."""
+        if g is None:
+            return x
+        g.manual_seed(self.seed + 7919 * (epoch + 1) + 104_729 * i)
+        return self.augment(x, g)
 
 
 def should_preload(cfg: DatasetConfig, splits: Splits) -> bool:
