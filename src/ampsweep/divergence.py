@@ -23,6 +23,8 @@ from ampsweep.precision import StaticGradScaler
 class Diverged(RuntimeError):
     """The loss stayed non-finite for ``trainer.max_nonfinite_steps`` consecutive steps."""
 
+    tags = {"diverged": "true"}  # recorded on the run besides the `error` reason
+
 
 class NonfiniteWatch:
     def __init__(
@@ -58,7 +60,7 @@ class NonfiniteWatch:
         if self.limit and self.longest.item() >= self.limit:
             below = f" with the loss scale below {self.min_scale:g}" if self.lowering else ""
             raise Diverged(
-                f"diverged: loss non-finite for {self.limit} consecutive steps{below} "
+                f"loss non-finite for {self.limit} consecutive steps{below} "
                 f"(stopped at step {step}): lower optimizer.lr, clip gradients "
                 "(trainer.grad_clip), or raise trainer.max_nonfinite_steps"
             )

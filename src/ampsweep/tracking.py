@@ -197,7 +197,7 @@ class MlflowRecorder:
         all_tags = mask_secrets(tags or {})
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+        run = client.create_run(exp_id, run_name=mask_text(run_name), tags=all_tags)
         return cls(client, run.info.run_id, uri, cfg.metrics_flush_every)
 
     @classmethod
