@@ -66,7 +66,8 @@ class SweepCallback(Callback):
         global ACTIVE
         from omegaconf import OmegaConf
 
-        if config.tracking.backend != "mlflow":
+        backend = config.tracking.backend  # a Tracker Enum in the typed config
+        if getattr(backend, "name", backend) != "mlflow":
             return
         uri = tracking.resolve_uri(config.tracking.uri)
         tracking.check_store(uri)
