@@ -7,6 +7,7 @@ them, so ``--help`` and config errors answer at once.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from ampsweep import __version__
@@ -30,6 +31,8 @@ Train one configuration (or, with -m, sweep every combination) and record each r
   ampsweep train precision=fp16 trainer.epochs=3      # one run
   ampsweep train -m precision=fp32,fp16,bf16          # a sweep: one parent run, a child per job
   ampsweep train -m experiment=precision_sweep        # the ready CPU sweep
+  ampsweep train trainer.resume=auto                  # continue the newest checkpoint
+  ampsweep train --config-path RUN_DIR/.hydra --config-name config   # rerun a run dir
 
 Groups: precision, model, dataset, optimizer, trainer, tracking, experiment.
 `ampsweep train --help` shows every option and the composed config (Hydra's help);
@@ -162,6 +165,9 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
     interrupted = False
     hydra_code = 0
     not_finished = []
+    # SIGTERM (a scheduler's stop) ends the command like Ctrl-C: the parent run is ended and
+    # the exit is non-zero. Inside a job, runner.StopRequest first writes a checkpoint.
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         main()
     except KeyboardInterrupt:
@@ -169,6 +175,7 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
     except SystemExit as exc:  # Hydra exits on its own errors (already printed)
         hydra_code = exc.code if isinstance(exc.code, int) else 1
     finally:
+        signal.signal(signal.SIGTERM, previous)
         sys.argv = argv
         if sweep.ACTIVE is not None:
             not_finished = sweep.finish(sweep.ACTIVE, interrupted)
@@ -200,6 +207,10 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
     return hydra_code
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ampsweep",
@@ -210,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
+    from ampsweep import reproduce
+
+    reproduce.add_parser(sub)
     return parser
 
 

@@ -67,6 +67,10 @@ def to_config(cfg) -> Config:
     from omegaconf import OmegaConf
 
     try:
+        if OmegaConf.get_type(cfg) is not Config:
+            # A saved config without the schema in its defaults (a run's .hydra/config.yaml,
+            # used with --config-path <run dir>/.hydra): type it by merging onto the schema.
+            cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         obj = OmegaConf.to_object(cfg)
     except ConfigError:
         raise

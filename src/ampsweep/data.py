@@ -365,6 +365,9 @@ class Batches:
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
             persistent_workers=False,
+            # Its own generator: the loader's worker seed must not draw from the global RNG,
+            # or a run resumed mid-epoch would continue from a different global RNG state.
+            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch),
         )
         for i, (x, y) in enumerate(loader, start):
             x = x.to(self.device, dtype=self.dtype, non_blocking=True)

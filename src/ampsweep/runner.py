@@ -8,6 +8,9 @@ printed, and the outcome says how the job ended so the command can exit non-zero
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,10 +31,55 @@ class JobOutcome:
     summary: dict = field(default_factory=dict)
     job_num: int | None = None
     overrides: list[str] = field(default_factory=list)
+    skipped: bool = False  # a sweep relaunch found this config FINISHED already (run_id: that run)
 
 
 # Outcomes of the jobs this process ran (Hydra's basic launcher runs a sweep in-process).
 OUTCOMES: list[JobOutcome] = []
+# Tags the command adds to every run it starts (``ampsweep reproduce`` sets reproduces=RUN_ID).
+EXTRA_TAGS: dict[str, str] = {}
+
+
+class StopRequest:
+    """SIGTERM / Ctrl-C while a job runs.
+
+    While the training loop runs (``deferred``), the first signal only sets ``requested``: the
+    loop sees it at the next step boundary, writes a checkpoint and raises Interrupted, so a
+    signal never lands in the middle of an optimizer update. Elsewhere, or on a second signal,
+    it raises KeyboardInterrupt at once. The job then ends KILLED and the command exits non-zero.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.deferring = False
+        self._previous: dict = {}
+
+    def install(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.deferring and not self.requested:
+            self.requested = True
+            console.error(f"{name}: stopping after this step, with a checkpoint")
+            return
+        raise KeyboardInterrupt(name)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
 
 
 @dataclass
@@ -91,6 +139,7 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
     sweep_info = sweep.job_sweep_info(ctx) if parent_run_id is None else None
     if sweep_info:
         parent_run_id = sweep_info.parent_run_id
+    stop = StopRequest().install()
     try:
         cfg = node if isinstance(node, Config) else to_config(node)
         base_name = name = cfg.tracking.run_name or default_run_name(cfg)
@@ -99,8 +148,12 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
         uri = tracking.resolve_uri(cfg.tracking.uri)
         if use_mlflow:
             tracking.check_store(uri)
-        from ampsweep import train  # torch is imported only once the config is known good
+        from ampsweep import checkpoint, train  # torch is imported once the config is good
 
+        # A relaunched sweep skips a job whose identical config already FINISHED.
+        twin = _finished_twin(cfg, uri) if sweep_info and use_mlflow else None
+        if twin is not None:
+            return _skip(twin, sweep_info, ctx, base_name)
         setup, build_error = None, None
         if rank.enabled:
             cfg = _with_world_size(cfg, rank.world_size)
@@ -115,9 +168,18 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
             build_error = err  # in a sweep, the job is recorded as a FAILED child run
         if sweep_info and not cfg.tracking.run_name:
             name = sweep_info.run_name(name, base_name, ctx.job_num)
-        if use_mlflow:
+        # trainer.resume (or a relaunched sweep): the checkpoint to continue from, if any.
+        # Every DDP rank loads the same checkpoint; only rank 0 records and writes them.
+        tracked = cfg.tracking.backend == Tracker.mlflow
+        ckpt = _resume_point(cfg, sweep_info, uri if tracked else None) if setup else None
+        if use_mlflow and ckpt and ckpt["run_id"]:
+            recorder = _reattach(ckpt, cfg, uri, parent_run_id, ctx)
+        elif use_mlflow:
+            tags = _tags(cfg, ctx)
+            if setup:
+                tags[checkpoint.HASH_TAG] = checkpoint.config_hash(cfg)
             recorder = tracking.MlflowRecorder.start(
-                cfg.tracking, name, tags=_tags(cfg, ctx), parent_run_id=parent_run_id, uri=uri
+                cfg.tracking, name, tags=tags, parent_run_id=parent_run_id, uri=uri
             )
             recorder.log_params({**flatten(cfg), "world_size": rank.world_size})
             recorder.log_text(to_yaml(cfg), "config.yaml")
@@ -126,13 +188,22 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
         if build_error:
             raise build_error
         recorder.set_tags(_device_tags(setup))
+        state = checkpoint.restore(setup, ckpt) if ckpt else None
+        folder = checkpoint.folder_for(cfg, recorder.run_id)
+        checkpoints = None
+        if rank.is_main:
+            checkpoints = checkpoint.Checkpointer(folder, cfg, recorder.run_id, recorder.flush)
+            recorder.set_tags({checkpoint.RUN_DIR_TAG: str(folder)})
         console.console.print(
             f"[bold]{name}[/]: {setup.policy.mode.name} on {setup.device}, "
             f"{setup.num_params:,} parameters, {setup.dataset_info['train_samples']} train / "
             f"{setup.dataset_info['val_samples']} val samples, {setup.total_steps} steps"
         )
+        if rank.is_main:
+            console.console.print(f"checkpoints: {folder}")
         progress = console.EpochProgress(cfg.trainer.progress and rank.is_main)
-        summary = train.fit(setup, recorder.log_metrics, progress)
+        with stop.deferred():  # a signal during training stops at a step boundary
+            summary = train.fit(setup, recorder.log_metrics, progress, state, checkpoints, stop)
         final_step = int(summary["train/steps"])
         recorder.log_metrics(
             {k: v for k, v in summary.items() if not k.startswith(("val/", "train/"))},
@@ -143,9 +214,9 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
         where = _where(recorder)
         console.print_summary(f"{name} finished", summary, where)
         outcome = JobOutcome(name, tracking.FINISHED, recorder.run_id, summary=summary)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if recorder:
-            recorder.end(tracking.KILLED, error="interrupted (KeyboardInterrupt)")
+            recorder.end(tracking.KILLED, error=f"interrupted ({err or 'KeyboardInterrupt'})")
         OUTCOMES.append(
             JobOutcome(
                 name,
@@ -162,6 +233,7 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
         console.error(f"{name}: {message}" if ctx.job_num is not None else message)
         if recorder:
             try:
+                recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
                 recorder.end(tracking.FAILED, error=message)
             except Exception as end_err:  # the store itself failed: say so, once
                 console.error(
@@ -171,6 +243,39 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
         outcome = JobOutcome(
             name, tracking.FAILED, getattr(recorder, "run_id", None), error=message, exit_code=code
         )
+    finally:
+        stop.uninstall()
+    outcome.job_num, outcome.overrides = ctx.job_num, ctx.overrides
+    OUTCOMES.append(outcome)
+    if stop.requested:  # the signal came after the last step: the run finished; stop the sweep
+        raise KeyboardInterrupt("SIGTERM after the last step")
+    return outcome
+
+
+def _finished_twin(cfg: Config, uri: str):
+    """A FINISHED run of the same config in this experiment (tracking.skip_finished)."""
+    from ampsweep import checkpoint
+
+    if not cfg.tracking.skip_finished:
+        return None
+    try:
+        resolved = checkpoint.resolve(cfg)
+    except ConfigError:
+        return None  # build will refuse the config with its own message
+    return tracking.find_finished(uri, cfg.tracking.experiment, checkpoint.config_hash(resolved))
+
+
+def _skip(twin, sweep_info, ctx: JobContext, name: str) -> JobOutcome:
+    """Report a skipped job, name the run standing in for it on this launch's parent."""
+    from ampsweep import sweep
+
+    run_id = twin.info.run_id
+    console.console.print(
+        f"[bold]#{ctx.job_num} {name}[/]: skipped, the identical config FINISHED as run "
+        f"{run_id} (tracking.skip_finished=false reruns it)"
+    )
+    sweep.record_skip(sweep_info, ctx.job_num, run_id)
+    outcome = JobOutcome(name, tracking.FINISHED, run_id, skipped=True)
     outcome.job_num, outcome.overrides = ctx.job_num, ctx.overrides
     OUTCOMES.append(outcome)
     return outcome
@@ -183,6 +288,56 @@ def _with_world_size(cfg: Config, world_size: int) -> Config:
     return replace(cfg, trainer=replace(cfg.trainer, nproc=world_size))
 
 
+def _resume_point(cfg: Config, sweep_info, uri: str | None) -> dict | None:
+    """Load the checkpoint trainer.resume names. In a sweep with tracking.skip_finished (the
+    default), ``auto`` is implied: relaunching a sweep continues its interrupted jobs."""
+    from ampsweep import checkpoint
+
+    choice = cfg.trainer.resume
+    if choice is None and sweep_info and cfg.tracking.skip_finished:
+        choice = "auto"
+    path, line, run_id = checkpoint.locate(cfg, choice, uri)
+    if line:
+        console.console.print(line)
+    if path is None:
+        return None
+    ckpt = checkpoint.load(path)
+    checkpoint.check(ckpt, cfg, path, choice, run_id)
+    ckpt["path"] = str(path)
+    return ckpt
+
+
+def _reattach(ckpt: dict, cfg: Config, uri: str, parent_run_id: str | None, ctx: JobContext):
+    """Continue the checkpoint's MLflow run: same run id, metrics from the next step on."""
+    run_id, step = ckpt["run_id"], ckpt["state"]["step"]
+    run = tracking.find_run(uri, run_id)
+    if run is None:
+        raise ConfigError(
+            f"trainer.resume: {ckpt['path']} belongs to run {run_id}, which is not in the "
+            f"configured store {tracking.describe_store(uri)}: resume with the tracking.uri "
+            "it was recorded in"
+        )
+    if run.info.status == tracking.FINISHED:
+        raise ConfigError(
+            f"trainer.resume: run {run_id} of {ckpt['path']} already FINISHED: nothing to "
+            "resume; drop trainer.resume to start a new run"
+        )
+    recorder = tracking.MlflowRecorder.attach(
+        uri, run_id, cfg.tracking.metrics_flush_every, after_step=step
+    )
+    tags = {"resumed_from": ckpt["path"], "resumed_at_step": str(step), **EXTRA_TAGS}
+    if ctx.output_dir:
+        tags["resumed_run_dir"] = str(ctx.output_dir.resolve())
+    if parent_run_id:  # a relaunched sweep: the run now belongs to this launch's parent
+        tags[tracking.PARENT_TAG] = parent_run_id
+    old_error = run.data.tags.get("error")
+    if old_error:  # the run is alive again: keep why it stopped, under another name
+        tags["previous_error"] = old_error
+        recorder.client.delete_tag(run_id, "error")
+    recorder.set_tags(tags)
+    return recorder
+
+
 def _tags(cfg: Config, ctx: JobContext) -> dict[str, str]:
     from ampsweep.environment import git_state
 
@@ -192,6 +347,7 @@ def _tags(cfg: Config, ctx: JobContext) -> dict[str, str]:
         "dataset": cfg.dataset.name.name,
         "ampsweep_version": __import__("ampsweep").__version__,
         **git_state(),
+        **EXTRA_TAGS,
     }
     if ctx.overrides:
         tags["overrides"] = " ".join(ctx.overrides)

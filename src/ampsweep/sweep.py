@@ -85,12 +85,14 @@ class SweepCallback(Callback):
         run = client.create_run(
             exp_id,
             run_name=name,
-            tags={
-                "ampsweep.sweep": "true",
-                "sweep_dir": str(sweep_dir),
-                "command": " ".join(["ampsweep", *sys.argv[1:]]),
-                "jobs_expected": str(sum(counts.values()) or ""),
-            },
+            tags=tracking.mask_secrets(
+                {
+                    "ampsweep.sweep": "true",
+                    "sweep_dir": str(sweep_dir),
+                    "command": " ".join(["ampsweep", *sys.argv[1:]]),
+                    "jobs_expected": str(sum(counts.values()) or ""),
+                }
+            ),
         )
         info = SweepInfo(
             parent_run_id=run.info.run_id,
@@ -119,6 +121,22 @@ def job_sweep_info(ctx) -> SweepInfo | None:
     return SweepInfo.load(path.read_text()) if path.is_file() else None
 
 
+SKIPPED_PREFIX = "skipped."  # parent tag skipped.<job num> = the FINISHED run standing in
+
+
+def record_skip(info: SweepInfo, job_num: int | None, run_id: str) -> None:
+    """A job skipped because its identical config already FINISHED: the parent of this launch
+    names the run that stands in for it (the run itself stays under the sweep that made it)."""
+    client = tracking.client_for(info.uri)
+    client.set_tag(info.parent_run_id, f"{SKIPPED_PREFIX}{job_num}", run_id)
+
+
+def skipped(info: SweepInfo) -> dict[str, str]:
+    client = tracking.client_for(info.uri)
+    tags = client.get_run(info.parent_run_id).data.tags
+    return {k[len(SKIPPED_PREFIX) :]: v for k, v in tags.items() if k.startswith(SKIPPED_PREFIX)}
+
+
 def children(info: SweepInfo) -> list:
     client = tracking.client_for(info.uri)
     exp = client.get_experiment_by_name(info.experiment)
@@ -138,9 +156,11 @@ def finish(info: SweepInfo, interrupted: bool = False) -> list:
     runs = children(info)
     counts = Counter(r.info.status for r in runs)
     not_finished = [r for r in runs if r.info.status != tracking.FINISHED]
-    missing = (info.expected_jobs or len(runs)) - len(runs)
+    n_skipped = len(skipped(info))
+    missing = (info.expected_jobs or len(runs) + n_skipped) - len(runs) - n_skipped
     tags = {
-        "jobs_total": len(runs),
+        "jobs_total": len(runs) + n_skipped,
+        "jobs_skipped": n_skipped,
         "jobs_finished": counts.get(tracking.FINISHED, 0),
         "jobs_failed": counts.get(tracking.FAILED, 0),
         "jobs_killed": counts.get(tracking.KILLED, 0),

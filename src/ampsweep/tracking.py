@@ -24,6 +24,33 @@ DEFAULT_STORE = Path("outputs") / "mlflow.db"
 PARENT_TAG = "mlflow.parentRunId"
 RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
 MAX_TAG_CHARS = 5000
+# Environment variables whose values must never reach a param or tag (an ${oc.env:...} in a
+# config, a token inside a tracking URI or a command line).
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+MIN_SECRET_CHARS = 4  # shorter values ("1", "true") would mask ordinary values everywhere
+MASK = "***"
+
+
+def secret_values() -> list[str]:
+    """Values of the environment variables whose names contain a secret word, longest first."""
+    found = {
+        value
+        for name, value in os.environ.items()
+        if any(word in name.upper() for word in SECRET_WORDS) and len(value) >= MIN_SECRET_CHARS
+    }
+    return sorted(found, key=len, reverse=True)
+
+
+def mask_secrets(values: dict[str, Any]) -> dict[str, str]:
+    """``values`` as strings with every secret environment value replaced by ``***``."""
+    secrets = secret_values()
+    return {k: mask_text(str(v), secrets) for k, v in values.items()}
+
+
+def mask_text(text: str, secrets: list[str] | None = None) -> str:
+    for secret in secret_values() if secrets is None else secrets:
+        text = text.replace(secret, MASK)
+    return text
 
 
 def resolve_uri(uri: str | None) -> str:
@@ -125,6 +152,29 @@ def get_or_create_experiment(client, name: str, artifact_root: str | None) -> st
         return exp.experiment_id
 
 
+def find_run(uri: str, run_id: str):
+    """The run with this id in this store, or None (a malformed id is simply not found)."""
+    try:
+        return client_for(uri).get_run(run_id)
+    except Exception:
+        return None
+
+
+def find_finished(uri: str, experiment: str, config_hash: str):
+    """A FINISHED run of the experiment whose ``config_hash`` tag matches, or None."""
+    client = client_for(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.config_hash = '{config_hash}' and attributes.status = 'FINISHED'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    return runs[0] if runs else None
+
+
 def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     if not isinstance(err, ConfigError):
@@ -156,6 +206,7 @@ class MlflowRecorder:
         self._buffer: list = []
         self._calls = 0
         self._pending: list = []
+        self._logged: set[tuple[str, int]] = set()  # (key, step) already in the store (resume)
         self.ended = False
 
     @classmethod
@@ -173,30 +224,42 @@ class MlflowRecorder:
         exp_id = get_or_create_experiment(
             client, cfg.experiment, cfg.artifact_root if local else None
         )
-        all_tags = dict(tags or {})
+        all_tags = mask_secrets(tags or {})
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+        run = client.create_run(exp_id, run_name=mask_text(run_name), tags=all_tags)
         return cls(client, run.info.run_id, uri, cfg.metrics_flush_every)
 
     @classmethod
-    def attach(cls, uri: str, run_id: str, flush_every: int = 5) -> MlflowRecorder:
-        """Continue an existing run (resume): set it RUNNING again."""
+    def attach(
+        cls, uri: str, run_id: str, flush_every: int = 5, after_step: int | None = None
+    ) -> MlflowRecorder:
+        """Continue an existing run (resume): set it RUNNING again.
+
+        ``after_step``: the step the run resumes from. A run killed after its checkpoint may
+        already hold metrics of later steps; those (key, step) pairs are not logged again, so
+        no step appears twice in a metric's history."""
         client = client_for(uri)
         client.update_run(run_id, status=RUNNING)
-        return cls(client, run_id, uri, flush_every)
+        rec = cls(client, run_id, uri, flush_every)
+        if after_step is not None:
+            for key in client.get_run(run_id).data.metrics:
+                for m in client.get_metric_history(run_id, key):
+                    if m.step > after_step:
+                        rec._logged.add((key, m.step))
+        return rec
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        items = [Param(k, v[:6000]) for k, v in mask_secrets(params).items()]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, str(v)[:MAX_TAG_CHARS]) for k, v in tags.items()]
+        items = [RunTag(k, v[:MAX_TAG_CHARS]) for k, v in mask_secrets(tags).items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, tags=items[i : i + 100])
 
@@ -204,7 +267,11 @@ class MlflowRecorder:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        self._buffer.extend(
+            Metric(k, float(v), now, step)
+            for k, v in metrics.items()
+            if (k, step) not in self._logged
+        )
         self._calls += 1
         if self._calls % self.flush_every == 0:
             self._write(synchronous=False)
@@ -233,7 +300,7 @@ class MlflowRecorder:
     def log_text(self, text: str, name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / name
-            target.write_text(text)
+            target.write_text(mask_text(text))
             self.log_artifact(target)
 
     def log_json(self, obj: Any, name: str) -> None:

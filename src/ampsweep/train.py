@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ampsweep import data, distributed, models, optim
+from ampsweep.divergence import NonfiniteWatch
 from ampsweep.metrics import SavedTensorMeter, StepTimer, peak_memory, reset_peak_memory
 from ampsweep.precision import PrecisionPolicy, build_policy, found_inf
 from ampsweep.schema import Config, ConfigError, Device
@@ -170,24 +171,61 @@ class TrainState:
     step: int = 0
     epoch: int = 0
     batch: int = 0  # micro-batches of ``epoch`` already consumed
+    # Running totals a resumed run continues from (plain numbers, stored in checkpoints).
+    loss_sum: float = 0.0  # train/loss of the steps since the last log step, not yet logged
+    loss_terms: int = 0
+    skipped: float = 0.0  # amp/skipped_steps so far
+    activation_bytes: int = 0  # mem/activation_mib, measured on the very first step
+    wall_s: float = 0.0  # training time of earlier segments of this run
+    nonfinite_run: int = 0  # consecutive non-finite steps (divergence)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C, honoured at a step boundary after a checkpoint was written."""
 
 
 LogFn = Callable[[dict[str, float], int], None]
 
 
-def fit(s: Setup, log: LogFn, progress=None, state: TrainState | None = None) -> dict:
-    """Train; call ``log(metrics, step)`` as metrics come; return the final numbers."""
+def fit(
+    s: Setup,
+    log: LogFn,
+    progress=None,
+    state: TrainState | None = None,
+    checkpoints=None,
+    stop=None,
+) -> dict:
+    """Train; call ``log(metrics, step)`` as metrics come; return the final numbers.
+
+    ``state``: where to continue from (a restored checkpoint). ``checkpoints``: a
+    ``checkpoint.Checkpointer``. ``stop``: an object whose ``requested`` turns true on
+    SIGTERM/Ctrl-C; the loop then checkpoints at the next step boundary and raises Interrupted.
+    """
     t = s.cfg.trainer
     model, optimizer, scaler, policy = s.model, s.optimizer, s.scaler, s.policy
     accum = t.grad_accum_steps
     state = state or TrainState()
     meter = SavedTensorMeter(model)
     timer = StepTimer(s.device, t.timing_warmup_steps)
-    loss_sum = torch.zeros((), device=s.device)  # summed on the device: no sync per step
-    loss_terms = 0
-    skipped = torch.zeros((), device=s.device)
+    meter.bytes = state.activation_bytes
+    # summed on the device: no sync per step
+    loss_sum = torch.full((), state.loss_sum, device=s.device)
+    loss_terms = state.loss_terms
+    skipped = torch.full((), state.skipped, device=s.device)
+    watch = NonfiniteWatch(
+        t.max_nonfinite_steps, s.cfg.precision.scaler.min_scale, scaler, s.device,
+        state.nonfinite_run,
+    )  # fmt: skip
     val_loss = val_acc = float("nan")
-    started = time.perf_counter()
+    started = time.perf_counter() - state.wall_s
+
+    def save_checkpoint(complete: bool = False):
+        """Checkpoint with the running totals (a sync; only every checkpoint_every steps)."""
+        state.loss_sum, state.loss_terms = loss_sum.item(), loss_terms
+        state.skipped, state.activation_bytes = skipped.item(), meter.bytes
+        state.wall_s, state.nonfinite_run = time.perf_counter() - started, watch.count()
+        return checkpoints.save(s, state, complete=complete)
+
     # The scheduler steps even when the scaler skipped the optimizer step (the schedule
     # follows steps taken, not updates applied); PyTorch warns about that order once.
     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
@@ -218,13 +256,15 @@ def fit(s: Setup, log: LogFn, progress=None, state: TrainState | None = None) ->
             scaler.unscale_(optimizer)
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            skipped += found_inf(scaler, optimizer)  # scaler.step skips a step with inf/NaN
+            step_skipped = found_inf(scaler, optimizer)  # scaler.step skips inf/NaN steps
+            skipped += step_skipped
             scaler.step(optimizer)
             scaler.update()  # dynamic: back off on inf, grow after growth_interval clean steps
             optimizer.zero_grad(set_to_none=True)
             s.schedule.step()
             state.step += 1
             timer.stop()
+            watch.observe(loss, step_skipped, scaler)  # divergence count, on the device
 
             if state.step % t.log_every == 0:
                 distributed.all_reduce(loss_sum)  # the mean over every rank's batches
@@ -239,6 +279,15 @@ def fit(s: Setup, log: LogFn, progress=None, state: TrainState | None = None) ->
                 loss_terms = 0
                 if progress:
                     progress.update(state.step, metrics, timer.last_ms())
+                watch.check(state.step)  # raises Diverged (the device is synced here anyway)
+            if checkpoints and checkpoints.due(state.step) and not _done(state, t.max_steps):
+                watch.check(state.step)  # never checkpoint a run that has diverged
+                save_checkpoint()
+            if stop is not None and stop.requested:  # SIGTERM / Ctrl-C, seen between steps
+                if progress:
+                    progress.end_epoch()
+                where = save_checkpoint() if checkpoints else None
+                raise Interrupted(f"stopped at step {state.step}, checkpoint {where}")
             if _done(state, t.max_steps):
                 break
         if progress:
@@ -252,6 +301,9 @@ def fit(s: Setup, log: LogFn, progress=None, state: TrainState | None = None) ->
             val_loss, val_acc = evaluate(model, s.val_batches, policy)
             log({"val/loss": val_loss, "val/acc": val_acc}, state.step)
 
+    watch.check(state.step)  # the steps since the last log step
+    if checkpoints:
+        save_checkpoint(complete=True)
     wall = time.perf_counter() - started
     median_ms = timer.median_ms()
     samples = t.batch_size * accum
