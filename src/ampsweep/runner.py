@@ -64,6 +64,39 @@ def default_run_name(cfg: Config) -> str:
     return f"{cfg.precision.name.name}-{cfg.model.name.name}-{cfg.dataset.name.name}"
 
 
+def expected_run_name(cfg: Config) -> str:
+    """The name a job's run will get, with ``precision=auto`` resolved for this machine (so a
+    sweep can tell up front which names repeat). Imports torch only for ``auto``."""
+    from ampsweep.schema import Mode
+
+    if cfg.precision.name != Mode.auto:
+        return default_run_name(cfg)
+    from dataclasses import replace
+
+    from ampsweep.precision import resolve_mode
+    from ampsweep.train import select_device
+
+    try:
+        mode = resolve_mode(cfg.precision.name, select_device(cfg.trainer.device))
+    except ConfigError:  # the job itself will report it
+        return default_run_name(cfg)
+    return default_run_name(replace(cfg, precision=replace(cfg.precision, name=mode)))
+
+
+def end_stray_mlflow_run() -> None:
+    """End a run left active in MLflow's fluent API (by user code or a job that did not clean
+    up): ampsweep itself records through explicit run ids, but a job must not start inside
+    another job's active run."""
+    import sys
+
+    if "mlflow" not in sys.modules:
+        return
+    import mlflow
+
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
 def hydra_task(node) -> JobOutcome:
     """The function Hydra calls for each job."""
     return run_job(node, JobContext.from_hydra())
@@ -74,6 +107,7 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
     from ampsweep import sweep  # the sweep context (parent run) when this job is part of one
 
     ctx = ctx or JobContext()
+    end_stray_mlflow_run()
     recorder = None
     name = "job"
     sweep_info = sweep.job_sweep_info(ctx) if parent_run_id is None else None
@@ -81,7 +115,7 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
         parent_run_id = sweep_info.parent_run_id
     try:
         cfg = node if isinstance(node, Config) else to_config(node)
-        base_name = name = cfg.tracking.run_name or default_run_name(cfg)
+        name = cfg.tracking.run_name or default_run_name(cfg)
         use_mlflow = cfg.tracking.backend == Tracker.mlflow
         uri = tracking.resolve_uri(cfg.tracking.uri)
         if use_mlflow:
@@ -98,7 +132,7 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
                 raise  # a bad single command leaves nothing in the store
             build_error = err  # in a sweep, the job is recorded as a FAILED child run
         if sweep_info and not cfg.tracking.run_name:
-            name = sweep_info.run_name(name, base_name, ctx.job_num)
+            name = sweep_info.run_name(name, ctx.job_num)
         if use_mlflow:
             recorder = tracking.MlflowRecorder.start(
                 cfg.tracking, name, tags=_tags(cfg, ctx), parent_run_id=parent_run_id, uri=uri
