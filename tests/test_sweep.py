@@ -20,7 +20,7 @@ def _runs(store: str):
     return client, parents, kids
 
 
-def test_each_job_starts_from_clean_global_state(store, quick):
+def test_each_job_starts_from_clean_global_state(store, quick, tmp_path, monkeypatch):
     """Basic launcher: jobs share a process. A job that leaks TF32, RNG state and an active
     MLflow run must not change the next one."""
     import mlflow
@@ -28,6 +28,7 @@ def test_each_job_starts_from_clean_global_state(store, quick):
 
     from ampsweep import config, precision, runner
 
+    monkeypatch.chdir(tmp_path)  # artifacts go under ./outputs
     cfg = config.load(["precision=fp32", f"tracking.uri={store}", *quick])
     first = runner.run_job(cfg)
     precision.set_tf32(True)

@@ -4,8 +4,9 @@ The parent run is created by a Hydra callback when the multirun starts, in the l
 process. Its id reaches the jobs two ways: an environment variable (jobs in this process, and
 launchers that start processes with this environment) and a small JSON file in the sweep dir
 (launchers whose jobs run elsewhere but see the same file system, such as SLURM). The
-launching ``ampsweep train -m`` ends the parent after all jobs, whatever happened to them, so it
-is never left RUNNING.
+parent is ended by ``finish`` (from the callback's end hook, and again from the launching
+``ampsweep train -m`` whatever happened to the jobs, so it is never left RUNNING), which first
+prints the comparison report and logs it to the parent (``report.publish``).
 """
 
 from __future__ import annotations
