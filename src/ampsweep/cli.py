@@ -140,10 +140,10 @@ def _validate(overrides: list[str], flags: dict[str, str], multirun: bool, recor
         console.error(str(err))
         return 2, []
     if multirun:
-        from ampsweep.runner import default_run_name
+        from ampsweep.runner import expected_run_name
         from ampsweep.sweep import name_counts
 
-        name_counts([default_run_name(c) for c in configs if not c.tracking.run_name])
+        name_counts([expected_run_name(c) for c in configs if not c.tracking.run_name])
     return 0, configs
 
 
@@ -164,7 +164,7 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
     sweep.ACTIVE = None
     interrupted = False
     hydra_code = 0
-    not_finished = []
+    result = None
     # SIGTERM (a scheduler's stop) ends the command like Ctrl-C: the parent run is ended and
     # the exit is non-zero. Inside a job, runner.StopRequest first writes a checkpoint.
     previous = signal.signal(signal.SIGTERM, _terminate)
@@ -177,31 +177,18 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         sys.argv = argv
+        # The callback's end hook normally ended the parent already; Hydra skips that hook
+        # when a launcher raises, so end it here too (finish acts once).
         if sweep.ACTIVE is not None:
-            not_finished = sweep.finish(sweep.ACTIVE, interrupted)
+            result = sweep.finish(sweep.ACTIVE, interrupted)
     if interrupted:
         console.error("interrupted")
         return runner.EXIT_KILLED
     if informational:
         return hydra_code
+    if multirun:
+        return _sweep_exit(result, hydra_code)
     failed = [o for o in runner.OUTCOMES if o.status != "FINISHED"]
-    if multirun and not runner.OUTCOMES and not_finished:
-        # The jobs ran in other processes (submitit): their runs in the store say how they ended.
-        failed = [
-            runner.JobOutcome(
-                r.info.run_name,
-                r.info.status,
-                r.info.run_id,
-                error=r.data.tags.get("error", r.info.status),
-                job_num=r.data.tags.get("job_num"),
-            )
-            for r in not_finished
-        ]
-    if multirun and (failed or hydra_code):
-        names = ", ".join(f"#{o.job_num} {o.name} ({o.error})" for o in failed)
-        total = len(runner.OUTCOMES) or len(failed)  # jobs in other processes: the store's count
-        console.error(f"{len(failed)} of {total} jobs failed: {names}")
-        return 1
     if failed:
         return max(o.exit_code for o in failed)
     return hydra_code
@@ -209,6 +196,26 @@ def run_hydra(args: list[str], multirun: bool, informational: bool) -> int:
 
 def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt("SIGTERM")
+
+
+def _sweep_exit(result, hydra_code: int) -> int:
+    """Name every job that did not finish and return non-zero if any. The store is the
+    source of truth (jobs may have run in other processes); outcomes of this process add
+    the jobs that could not record a run at all."""
+    from ampsweep import console, runner
+
+    recorded = {r.info.run_id for r in result.runs} if result else set()
+    problems = result.describe_failures() if result else []
+    total = len(result.runs) + result.missing if result else len(runner.OUTCOMES)
+    unrecorded = [o for o in runner.OUTCOMES if o.status != "FINISHED" and o.run_id not in recorded]
+    problems += [f"#{o.job_num} {o.name} ({o.error or o.status}, not recorded)" for o in unrecorded]
+    elsewhere = (result.missing if result else 0) - len(unrecorded)
+    if elsewhere > 0:  # jobs in other processes that never reached the store
+        problems.append(f"{elsewhere} job(s) recorded no run")
+    if problems:
+        console.error(f"{len(problems)} of {total} jobs failed: {'; '.join(problems)}")
+        return 1
+    return hydra_code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,7 +231,78 @@ def build_parser() -> argparse.ArgumentParser:
     from ampsweep import reproduce
 
     reproduce.add_parser(sub)
+    store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
+    rep = sub.add_parser(
+        "report",
+        help="compare the precision modes of a sweep against fp32",
+        description="One row per run of a sweep, compared with the fp32 run of the same config, "
+        "and findings in plain words.",
+    )
+    rep.add_argument("--sweep", default="latest", help="'latest' (default) or a parent run id")
+    rep.add_argument("--experiment", help="look for the latest sweep only in this experiment")
+    rep.add_argument(
+        "--format", choices=["table", "markdown", "csv", "json"], default="table", dest="fmt"
+    )
+    rep.add_argument("--baseline", default="fp32", help="the mode to compare with (default fp32)")
+    rep.add_argument("--tracking-uri", help=store_help)
+    rep.set_defaults(func=cmd_report)
+    ui = sub.add_parser("ui", help="open the MLflow UI over ampsweep's store")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    ui.add_argument("--tracking-uri", help=store_help)
+    ui.set_defaults(func=cmd_ui)
     return parser
+
+
+def _open_store(uri_arg: str | None):
+    """A client for an existing store (a report must not create an empty one)."""
+    from pathlib import Path
+
+    from ampsweep import tracking
+
+    uri = tracking.resolve_uri(uri_arg)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        from ampsweep.report import ReportError
+
+        raise ReportError(
+            f"no MLflow store at {tracking.describe_store(uri)}: run a sweep first "
+            "(ampsweep train -m experiment=precision_sweep), or pass --tracking-uri"
+        )
+    tracking.check_store(uri, key="--tracking-uri")
+    return tracking.client_for(uri)
+
+
+def cmd_report(args) -> int:
+    from ampsweep import console, report
+    from ampsweep.schema import ConfigError, Mode
+
+    if args.baseline not in Mode.__members__ or args.baseline == "auto":
+        modes = ", ".join(m for m in Mode.__members__ if m != "auto")
+        console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {modes}")
+        return 2
+    try:
+        client = _open_store(args.tracking_uri)
+        parent = report.find_sweep(client, args.sweep, args.experiment)
+        sweep, runs = report.load_sweep(client, parent)
+    except (report.ReportError, ConfigError) as err:
+        console.error(str(err))
+        return 2
+    rep = report.make_report(sweep, runs, args.baseline)
+    text = report.render(rep, args.fmt)
+    if text is not None:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from ampsweep import console, tracking, ui
+    from ampsweep.schema import ConfigError
+
+    try:
+        return ui.serve(tracking.resolve_uri(args.tracking_uri), args.host, args.port)
+    except (ui.UIError, ConfigError) as err:
+        console.error(str(err))
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,6 +112,39 @@ def default_run_name(cfg: Config) -> str:
     return f"{cfg.precision.name.name}-{cfg.model.name.name}-{cfg.dataset.name.name}"
 
 
+def expected_run_name(cfg: Config) -> str:
+    """The name a job's run will get, with ``precision=auto`` resolved for this machine (so a
+    sweep can tell up front which names repeat). Imports torch only for ``auto``."""
+    from ampsweep.schema import Mode
+
+    if cfg.precision.name != Mode.auto:
+        return default_run_name(cfg)
+    from dataclasses import replace
+
+    from ampsweep.precision import resolve_mode
+    from ampsweep.train import select_device
+
+    try:
+        mode = resolve_mode(cfg.precision.name, select_device(cfg.trainer.device))
+    except ConfigError:  # the job itself will report it
+        return default_run_name(cfg)
+    return default_run_name(replace(cfg, precision=replace(cfg.precision, name=mode)))
+
+
+def end_stray_mlflow_run() -> None:
+    """End a run left active in MLflow's fluent API (by user code or a job that did not clean
+    up): ampsweep itself records through explicit run ids, but a job must not start inside
+    another job's active run."""
+    import sys
+
+    if "mlflow" not in sys.modules:
+        return
+    import mlflow
+
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
 def hydra_task(node) -> JobOutcome:
     """The function Hydra calls for each job."""
     return run_job(node, JobContext.from_hydra())
@@ -134,6 +167,7 @@ def run_job(node, ctx: JobContext | None = None, parent_run_id: str | None = Non
 def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutcome:
     from ampsweep import sweep  # the sweep context (parent run) when this job is part of one
 
+    end_stray_mlflow_run()
     recorder = None
     name = "job"
     sweep_info = sweep.job_sweep_info(ctx) if parent_run_id is None else None
@@ -167,7 +201,7 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
                 raise  # a bad single command leaves nothing in the store
             build_error = err  # in a sweep, the job is recorded as a FAILED child run
         if sweep_info and not cfg.tracking.run_name:
-            name = sweep_info.run_name(name, base_name, ctx.job_num)
+            name = sweep_info.run_name(name, ctx.job_num)
         # trainer.resume (or a relaunched sweep): the checkpoint to continue from, if any.
         # Every DDP rank loads the same checkpoint; only rank 0 records and writes them.
         tracked = cfg.tracking.backend == Tracker.mlflow

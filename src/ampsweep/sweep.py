@@ -4,8 +4,9 @@ The parent run is created by a Hydra callback when the multirun starts, in the l
 process. Its id reaches the jobs two ways: an environment variable (jobs in this process, and
 launchers that start processes with this environment) and a small JSON file in the sweep dir
 (launchers whose jobs run elsewhere but see the same file system, such as SLURM). The
-launching ``ampsweep train -m`` ends the parent after all jobs, whatever happened to them, so it
-is never left RUNNING.
+parent is ended by ``finish`` (from the callback's end hook, and again from the launching
+``ampsweep train -m`` whatever happened to the jobs, so it is never left RUNNING), which first
+prints the comparison report and logs it to the parent (``report.publish``).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ class SweepInfo:
     name_counts: dict[str, int] = field(default_factory=dict)
     expected_jobs: int | None = None
 
-    def run_name(self, resolved: str, base: str, job_num: int | None) -> str:
+    def run_name(self, resolved: str, job_num: int | None) -> str:
         """``<precision>-<model>-<dataset>``, plus the job number when names repeat."""
-        if job_num is not None and self.name_counts.get(base, 1) > 1:
+        if job_num is not None and self.name_counts.get(resolved, 1) > 1:
             return f"{resolved}-{job_num}"
         return resolved
 
@@ -55,18 +56,36 @@ class SweepInfo:
 ACTIVE: SweepInfo | None = None
 
 
+def command_line() -> str:
+    """The command that launched the sweep, quoted so it can be pasted back."""
+    import shlex
+
+    # `ampsweep train` hands Hydra its arguments under this program name (cli.run_hydra).
+    head = ["ampsweep", "train"] if sys.argv[0] == "ampsweep-train" else [sys.argv[0]]
+    return shlex.join([*head, *sys.argv[1:]])
+
+
 def name_counts(names: list[str]) -> None:
     os.environ[ENV_NAME_COUNTS] = json.dumps(Counter(names))
 
 
 class SweepCallback(Callback):
-    """Creates the sweep's parent run when a multirun starts."""
+    """Creates the sweep's parent run when a multirun starts and ends it when it ends.
+
+    Hydra skips ``on_multirun_end`` when a launcher raises; ``ampsweep train`` therefore also
+    calls ``finish`` in a ``finally`` clause (``finish`` acts once).
+    """
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        if ACTIVE is not None:
+            finish(ACTIVE)
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global ACTIVE
         from omegaconf import OmegaConf
 
-        backend = config.tracking.backend  # an Enum member in the typed config, not a str
+        # A structured config hands back the Enum member, not its spelling.
+        backend = config.tracking.backend
         if getattr(backend, "name", backend) != "mlflow":
             return
         uri = tracking.resolve_uri(config.tracking.uri)
@@ -89,7 +108,7 @@ class SweepCallback(Callback):
                 {
                     "ampsweep.sweep": "true",
                     "sweep_dir": str(sweep_dir),
-                    "command": " ".join(["ampsweep", *sys.argv[1:]]),
+                    "command": command_line(),
                     "jobs_expected": str(sum(counts.values()) or ""),
                 }
             ),
@@ -150,14 +169,51 @@ def children(info: SweepInfo) -> list:
     )
 
 
-def finish(info: SweepInfo, interrupted: bool = False) -> list:
-    """End the parent run from its children's statuses; return the children not FINISHED."""
+@dataclass
+class SweepResult:
+    """How a sweep ended, read back from its child runs in the store."""
+
+    status: str
+    runs: list  # the child runs (mlflow Run objects), oldest first
+    missing: int = 0  # jobs expected but never recorded (e.g. a worker process died)
+
+    @property
+    def failed(self) -> list:
+        return [r for r in self.runs if r.info.status != tracking.FINISHED]
+
+    def describe_failures(self) -> list[str]:
+        """``#<job> <run name> (<error>)`` per child that did not finish."""
+        out = []
+        for r in self.failed:
+            job = r.data.tags.get("job_num", "?")
+            why = r.data.tags.get("error") or r.info.status
+            out.append(f"#{job} {r.info.run_name} ({why})")
+        return out
+
+
+# Sweeps already ended in this process: the callback's end-of-multirun hook and the CLI's
+# finally clause may both call finish, and only the first one acts.
+_ENDED: dict[str, SweepResult] = {}
+
+
+def finish(info: SweepInfo, interrupted: bool = False, report: bool = True) -> SweepResult:
+    """End the parent run from its children's statuses (FINISHED only when every expected job
+    finished), after printing the sweep report and logging it to the parent. Idempotent."""
+    if info.parent_run_id in _ENDED:
+        return _ENDED[info.parent_run_id]
     client = tracking.client_for(info.uri)
     runs = children(info)
     counts = Counter(r.info.status for r in runs)
-    not_finished = [r for r in runs if r.info.status != tracking.FINISHED]
-    n_skipped = len(skipped(info))
-    missing = (info.expected_jobs or len(runs) + n_skipped) - len(runs) - n_skipped
+    n_skipped = len(skipped(info))  # a relaunch skips jobs whose identical config FINISHED
+    missing = max(0, (info.expected_jobs or len(runs) + n_skipped) - len(runs) - n_skipped)
+    if interrupted:
+        status = tracking.KILLED
+    elif missing or any(r.info.status != tracking.FINISHED for r in runs):
+        status = tracking.FAILED
+    else:
+        status = tracking.FINISHED
+    result = SweepResult(status, runs, missing)
+    _ENDED[info.parent_run_id] = result
     tags = {
         "jobs_total": len(runs) + n_skipped,
         "jobs_skipped": n_skipped,
@@ -165,16 +221,32 @@ def finish(info: SweepInfo, interrupted: bool = False) -> list:
         "jobs_failed": counts.get(tracking.FAILED, 0),
         "jobs_killed": counts.get(tracking.KILLED, 0),
     }
-    if missing > 0:
+    if missing:
         tags["jobs_missing"] = missing
-    from mlflow.entities import RunTag
+    try:
+        from mlflow.entities import RunTag
 
-    client.log_batch(info.parent_run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-    if interrupted:
-        status = tracking.KILLED
-    elif not_finished or missing > 0:
-        status = tracking.FAILED
-    else:
-        status = tracking.FINISHED
-    client.set_terminated(info.parent_run_id, status=status)
-    return not_finished
+        client.log_batch(info.parent_run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        if report and not interrupted and runs:
+            _publish_report(client, info)
+    finally:  # whatever the report did, the parent is never left RUNNING
+        client.set_terminated(info.parent_run_id, status=status)
+    return result
+
+
+def _publish_report(client, info: SweepInfo) -> None:
+    """Print the comparison report and log it (files, charts, headline metrics) to the parent.
+    A report problem is reported, never allowed to change how the sweep ended."""
+    from ampsweep import console, report
+
+    try:
+        rep = report.build_report(client, info.parent_run_id)
+        console.console.print()
+        report.print_table(rep)
+        report.publish(client, rep)
+        console.console.print(
+            f"report logged to the sweep's parent run {info.parent_run_id} "
+            f"({info.name}) in {tracking.describe_store(info.uri)}"
+        )
+    except Exception as err:
+        console.error(f"could not write the sweep report: {tracking.one_line(err)}")
