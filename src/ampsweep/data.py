@@ -384,11 +384,12 @@ class Batches:
 
 
 def should_preload(cfg: DatasetConfig, splits: Splits) -> bool:
-    if cfg.preload == Preload.auto:
+    choice = Preload(cfg.preload)
+    if choice == Preload.auto:
         return splits.in_memory
-    if cfg.preload == Preload.true and not splits.in_memory:
+    if choice == Preload.true and not splits.in_memory:
         return True  # decode every image once; fine for folders that fit in memory
-    return cfg.preload == Preload.true
+    return choice == Preload.true
 
 
 def materialise(dataset: torch.utils.data.Dataset) -> tuple[torch.Tensor, torch.Tensor]:

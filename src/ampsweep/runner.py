@@ -405,6 +405,7 @@ def _log_artifacts(recorder, ctx: JobContext, summary: dict, setup) -> None:
     if isinstance(recorder, tracking.NullRecorder):
         return
     recorder.log_json(summary, "summary.json")
+    setup.diagnostics.log_artifacts(recorder)  # per-layer gradient-underflow tables, if measured
     hydra_dir = ctx.output_dir / ".hydra" if ctx.output_dir else None
     if hydra_dir and hydra_dir.is_dir():
         recorder.log_artifact(hydra_dir, ".hydra")

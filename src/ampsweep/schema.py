@@ -161,7 +161,13 @@ class DatasetConfig:
     # augmentation (train split only): random crop with padding and horizontal flip
     random_crop_padding: int = 0
     horizontal_flip: bool = False
-    preload: Preload = Preload.auto
+    # auto | true | false (see Preload). A string, not the Enum: Hydra parses an unquoted
+    # `dataset.preload=true` as a bool, which an Enum field refuses; __post_init__ normalises.
+    preload: str = "auto"
+
+    def __post_init__(self) -> None:
+        value = self.preload.value if isinstance(self.preload, Enum) else self.preload
+        self.preload = str(value).lower()  # True -> "true"; Preload.false -> "false"
 
 
 # ---------------------------------------------------------------- optimizer
@@ -209,6 +215,10 @@ class TrainerConfig:
     batch_size: int = 64
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     grad_clip: float = 0.0  # max global grad norm; 0 disables (with a scaler: after unscale_)
+    # Multiplies the training loss before backward, so every gradient shrinks by the same
+    # factor (train/loss is logged unmultiplied). 1.0 normally; experiment=underflow_demo uses
+    # a small value to move gradients below fp16's range, as a tiny loss magnitude would.
+    loss_multiplier: float = 1.0
     eval_every: int = 1  # epochs between evaluations (and always at the end)
     log_every: int = 10  # optimizer steps between train/loss logs
     timing_warmup_steps: int = 5  # steps excluded from perf/step_time_ms
@@ -293,6 +303,7 @@ def validate(cfg: Config) -> list[str]:
     _positive(p, "trainer.eval_every", t.eval_every, "set trainer.eval_every=1")
     _positive(p, "trainer.log_every", t.log_every, "set trainer.log_every=10")
     _positive(p, "trainer.grad_clip", t.grad_clip, "use 0 to disable clipping", strict=False)
+    _positive(p, "trainer.loss_multiplier", t.loss_multiplier, "use 1.0 for the plain loss")
     _positive(p, "trainer.timing_warmup_steps", t.timing_warmup_steps, "use 0", strict=False)
     _positive(p, "trainer.num_workers", t.num_workers, "use 0", strict=False)
     _positive(p, "trainer.checkpoint_every", t.checkpoint_every, "use 0 for end only", strict=False)
@@ -329,6 +340,8 @@ def validate(cfg: Config) -> list[str]:
     if not 0.0 < d.val_fraction < 1.0:
         p.append(f"dataset.val_fraction={d.val_fraction} must be in (0, 1): use e.g. 0.2")
     _positive(p, "dataset.num_samples", d.num_samples, "use e.g. 4096")
+    if d.preload not in {x.value for x in Preload}:
+        p.append(f"dataset.preload={d.preload} must be one of auto, true, false")
     _positive(p, "dataset.channels", d.channels, "use 1 or 3")
     _positive(p, "dataset.image_size", d.image_size, "use e.g. 32")
     if d.num_classes < 2:

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ampsweep import data, distributed, models, optim
+from ampsweep import data, distributed, flops, models, optim
+from ampsweep.diagnostics import Diagnostics
 from ampsweep.divergence import NonfiniteWatch
 from ampsweep.metrics import SavedTensorMeter, StepTimer, peak_memory, reset_peak_memory
 from ampsweep.precision import PrecisionPolicy, build_policy, found_inf
@@ -65,6 +66,7 @@ class Setup:
     total_steps: int
     num_params: int
     dataset_info: dict = field(default_factory=dict)
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)  # off unless configured
 
 
 def build(cfg: Config) -> Setup:
@@ -138,6 +140,7 @@ def build(cfg: Config) -> Setup:
             "num_classes": splits.num_classes,
             "preload": preload,
         },
+        diagnostics=Diagnostics(cfg.diagnostics, t.loss_multiplier / t.grad_accum_steps),
     )
 
 
@@ -203,7 +206,9 @@ def fit(
     """
     t = s.cfg.trainer
     model, optimizer, scaler, policy = s.model, s.optimizer, s.scaler, s.policy
+    diag = s.diagnostics
     accum = t.grad_accum_steps
+    loss_weight = t.loss_multiplier / accum  # what backward sees (train/loss is unweighted)
     state = state or TrainState()
     meter = SavedTensorMeter(model)
     timer = StepTimer(s.device, t.timing_warmup_steps)
@@ -246,7 +251,7 @@ def fit(
                 logits = model(x)
                 loss = F.cross_entropy(logits.float(), y)
             # Scale the loss so small fp16 gradients do not underflow (a no-op when disabled).
-            scaler.scale(loss / accum).backward()
+            scaler.scale(loss * loss_weight).backward()
             loss_sum += loss.detach()
             loss_terms += 1
             state.batch += 1
@@ -254,6 +259,8 @@ def fit(
                 continue  # accumulate gradients over micro-batches
             # Unscale in place first, so clipping sees (and the step applies) true gradients.
             scaler.unscale_(optimizer)
+            if diag.due(state.step + 1):  # gradient underflow, on true gradients (issue 6)
+                log(diag.measure(model, scaler, x, y), state.step + 1)
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             step_skipped = found_inf(scaler, optimizer)  # scaler.step skips inf/NaN steps
@@ -321,6 +328,12 @@ def fit(
     if scaler.is_enabled():
         summary["amp/loss_scale"] = scaler.get_scale()
     summary.update(peak_memory(s.device))
+    # FLOPs of one step, counted once after training (untimed; after the memory peaks).
+    # Per rank under DDP: perf/tflops and perf/mfu are per GPU.
+    if median_ms:
+        x, y = next(iter(s.train_batches.epoch(0)))
+        step_flops = flops.train_step_flops(model, x, y, policy, accum)
+        summary.update(flops.speed_metrics(step_flops, median_ms, s.device, policy))
     if distributed.current().enabled:
         # One run for the whole group: throughput adds up, memory is the worst rank's.
         summed = distributed.reduce_floats(

@@ -1,0 +1,298 @@
+#!/usr/bin/env python
+"""What ampsweep's runner costs over a plain hand-written AMP loop.
+
+  python scripts/bench_overhead.py                      # fp32 and bf16, cnn on digits, CPU
+  python scripts/bench_overhead.py --precisions fp32,fp16,bf16 --device cuda --model resnet18 \\
+      --dataset synthetic --batch-size 256 --steps 200  # the same on a GPU
+  python scripts/bench_overhead.py --quick              # a dry run of a few seconds
+
+Variants, per precision mode, each run in-process (``train.build`` + ``train.fit``, exactly
+what ``ampsweep train`` runs after composing the config; building is not timed):
+
+  plain loop       a hand-written loop: autocast, GradScaler, AdamW, the same model, data,
+                   batch size and shuffling, preloaded tensors indexed on the device
+  runner           ampsweep's loop, tracking=none, dataset.preload=true
+  runner+mlflow    the same, logging to MLflow (a temporary SQLite store), final flush timed
+  runner+loader    the same as "runner" but dataset.preload=false (a DataLoader per epoch)
+
+Every run does the same work: ``--steps`` optimizer steps, then one evaluation of the
+validation split. Two throughputs are printed: "wall" (training samples over the whole timed
+span: logging, one-off costs such as the FLOP count and the first-step activation meter,
+and the final evaluation all included) and "step" (from the median time of one step, which
+excludes everything done between steps). Repetitions interleave the variants (in a rotated
+order) so that a change of machine load hits all of them; ratios are the median of the
+per-repetition ratios. Targets: runner >= 0.98 x plain loop, runner+mlflow >= 0.98 x runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+if SRC.is_dir() and str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))  # run from a checkout without installing
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ampsweep import config, data, models, precision, tracking, train  # noqa: E402
+from ampsweep.schema import MODE_SPECS  # noqa: E402
+
+VARIANTS = ["plain loop", "runner", "runner+mlflow", "runner+loader"]
+TARGETS = {  # (numerator, denominator, target)
+    "runner / plain loop": ("runner", "plain loop", 0.98),
+    "tracking on / off": ("runner+mlflow", "runner", 0.98),
+    "DataLoader / preload": ("runner+loader", "runner", None),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument(
+        "--steps", type=int, default=0, help="steps per run (default: 200 fp32/tf32, 60 others)"
+    )
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions")
+    p.add_argument("--override", action="append", default=[], help="extra config overrides")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        default=os.environ.get("AMPSWEEP_BENCH_QUICK") == "1",
+        help="dry run: 8 steps, 1 repetition, a tiny model (also AMPSWEEP_BENCH_QUICK=1)",
+    )
+    return p.parse_args()
+
+
+def overrides(args, mode: str, steps: int, extra: list[str]) -> list[str]:
+    out = [
+        f"precision={mode}",
+        f"model={args.model}",
+        f"dataset={args.dataset}",
+        f"trainer.device={args.device}",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.max_steps={steps}",
+        "trainer.epochs=100000",  # max_steps ends the run
+        "trainer.eval_every=100000",  # one evaluation, at the end (the plain loop does the same)
+        "trainer.progress=false",
+        "dataset.preload=true",
+        "tracking=none",
+        *args.override,
+        *extra,
+    ]
+    if args.quick:
+        out += ["model.width=4", "model.depth=1"]
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------- the plain loop
+
+
+def plain_loop(cfg, steps: int) -> tuple[float, float]:
+    """A hand-written AMP loop on the same model, data and batches. (wall s, median step ms)"""
+    t = cfg.trainer
+    device = train.select_device(t.device)
+    spec = MODE_SPECS[precision.resolve_mode(cfg.precision.name, device)]
+    half = precision.TORCH_DTYPES[spec.compute_dtype]
+    precision.set_tf32(spec.tf32)
+    torch.manual_seed(t.seed)
+    splits = data.load(cfg.dataset)
+    param_dtype = half if spec.pure else torch.float32
+    (xt, yt), (xv, yv) = splits.train, splits.val
+    xt, yt = xt.to(device, param_dtype), yt.to(device)
+    xv, yv = xv.to(device, param_dtype), yv.to(device)
+    model = models.build_model(cfg.model, splits.input_shape, splits.num_classes)
+    model = model.to(device, param_dtype)
+    o = cfg.optimizer
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=o.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        fused=(device.type == "cuda") or None,
+    )
+    scaler = torch.amp.GradScaler(device.type, enabled=spec.scaler)
+    bs, n = t.batch_size, len(yt)
+    step_ms: list[float] = []
+    events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA: read once at the end
+    sync(device)
+    start = time.perf_counter()
+    step, epoch = 0, 0
+    while step < steps:
+        g = torch.Generator().manual_seed(t.seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=g).to(device)
+        for i in range(n // bs):
+            t0 = time.perf_counter()
+            if device.type == "cuda":
+                events.append(_event_pair())
+            idx = order[i * bs : (i + 1) * bs]
+            x, y = xt[idx], yt[idx]
+            with torch.autocast(device.type, dtype=half, enabled=spec.autocast):
+                loss = F.cross_entropy(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            if device.type == "cuda":
+                events[-1][1].record()
+            else:
+                step_ms.append((time.perf_counter() - t0) * 1e3)
+            if step == steps:
+                break
+        epoch += 1
+    model.eval()
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    with torch.inference_mode(), torch.autocast(device.type, dtype=half, enabled=spec.autocast):
+        for i in range(0, len(yv), bs):
+            correct += (model(xv[i : i + bs]).argmax(1) == yv[i : i + bs]).sum()
+    correct.item()
+    sync(device)
+    wall = time.perf_counter() - start
+    step_ms += [a.elapsed_time(b) for a, b in events]
+    warm = step_ms[t.timing_warmup_steps :] or step_ms
+    return wall, statistics.median(warm) if warm else float("nan")
+
+
+def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    return start, end
+
+
+# ---------------------------------------------------------------- the runner
+
+
+def runner(cfg, store: str | None) -> tuple[float, float]:
+    setup = train.build(cfg)  # untimed, as the plain loop's set-up is
+    recorder = tracking.NullRecorder()
+    if store:
+        cfg.tracking.uri = store
+        recorder = tracking.MlflowRecorder.start(cfg.tracking, "bench", uri=store)
+    sync(setup.device)
+    start = time.perf_counter()
+    summary = train.fit(setup, recorder.log_metrics)
+    recorder.flush()  # the run's metrics have landed in the store
+    sync(setup.device)
+    wall = time.perf_counter() - start
+    recorder.end(tracking.FINISHED)
+    return wall, summary.get("perf/step_time_ms", float("nan"))
+
+
+def run_variant(args, variant: str, mode: str, steps: int, store: str):
+    extra = ["dataset.preload=false"] if variant == "runner+loader" else []
+    if variant == "runner+mlflow":
+        extra = ["tracking=mlflow", "tracking.experiment=bench_overhead"]
+    cfg = config.load(overrides(args, mode, steps, extra))
+    if variant == "plain loop":
+        return plain_loop(cfg, steps)
+    return runner(cfg, store if variant == "runner+mlflow" else None)
+
+
+# ---------------------------------------------------------------- report
+
+
+def load_line() -> str:
+    try:
+        one, five, _ = os.getloadavg()
+        return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+    except OSError:
+        return "load average unavailable"
+
+
+def main() -> int:
+    args = parse_args()
+    modes = args.precisions.split(",")
+    reps = 1 if args.quick else args.reps
+    print(
+        f"ampsweep overhead benchmark: model={args.model} dataset={args.dataset} "
+        f"batch={args.batch_size} device={args.device} reps={reps} (interleaved)"
+    )
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, python "
+        f"{platform.python_version()}, {platform.processor() or platform.machine()}"
+    )
+    if args.device == "cuda" and torch.cuda.is_available():
+        print(f"GPU: {torch.cuda.get_device_name()}")
+    print(f"at start: {load_line()}")
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    samples: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+        os.environ.setdefault("MLFLOW_TRACKING_URI", store)  # nothing lands in ./outputs
+        for mode in modes:
+            steps = args.steps or (200 if mode in ("fp32", "tf32") else 60)
+            steps = 8 if args.quick else steps
+            samples[mode] = steps * args.batch_size
+            run_variant(args, "runner", mode, min(steps, 4), store)  # warm caches and imports
+            for rep in range(reps):
+                order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
+                for variant in order:
+                    wall, step_ms = run_variant(args, variant, mode, steps, store)
+                    results.setdefault((mode, variant), []).append((wall, step_ms))
+                    print(
+                        f"  rep {rep + 1}/{reps} {mode:>9} {variant:<14} {wall:7.2f} s "
+                        f"{samples[mode] / wall:9.1f} samples/s",
+                        flush=True,
+                    )
+    print(f"at end:   {load_line()}")
+    print()
+    header = (
+        f"{'precision':<10} {'variant':<14} {'steps':>5} {'samples/s wall':>15} "
+        f"{'(min..max)':>19} {'samples/s step':>15}"
+    )
+    print(header)
+    print("-" * len(header))
+    for mode in modes:
+        for variant in VARIANTS:
+            runs = results[(mode, variant)]
+            tput = [samples[mode] / w for w, _ in runs]
+            step = statistics.median(s for _, s in runs)
+            print(
+                f"{mode:<10} {variant:<14} {samples[mode] // args.batch_size:>5} "
+                f"{statistics.median(tput):>15.1f} {min(tput):>9.1f}..{max(tput):<9.1f} "
+                f"{args.batch_size * 1e3 / step:>15.1f}"
+            )
+    print()
+    header = f"{'precision':<10} {'ratio':<22} {'wall':>6} {'step':>6} {'target':>7}  verdict"
+    print(header)
+    print("-" * len(header))
+    failed = False
+    for mode in modes:
+        for name, (num, den, target) in TARGETS.items():
+            a, b = results[(mode, num)], results[(mode, den)]
+            wall = statistics.median(bw / aw for (aw, _), (bw, _) in zip(a, b, strict=True))
+            step = statistics.median(bs / as_ for (_, as_), (_, bs) in zip(a, b, strict=True))
+            verdict = "-"
+            if target is not None:
+                verdict = "meets target" if wall >= target else "BELOW target"
+                failed |= wall < target
+            shown = f"{target:.2f}" if target else "-"
+            print(f"{mode:<10} {name:<22} {wall:>6.3f} {step:>6.3f} {shown:>7}  {verdict}")
+    print()
+    print(
+        "wall: throughput over each whole run (logging, one-off costs, final evaluation "
+        "included); step: from the median step time. Ratios: median over repetitions. A loaded "
+        "machine makes them noisy: compare with the load averages above."
+    )
+    return 1 if failed and not args.quick else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

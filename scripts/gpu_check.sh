@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The core runner on a CUDA GPU: fp32, tf32, fp16, bf16 and bf16_pure on ResNet-18 with
+# synthetic 32x32 data (no network, no files), then samples/s, peak memory and accuracy per
+# mode. Runs are recorded in outputs/mlflow.db (experiment gpu_check).
+#   scripts/gpu_check.sh                     # on a machine with a CUDA GPU
+#   scripts/gpu_check.sh trainer.epochs=5    # extra Hydra overrides for every run
+#   AMPSWEEP_DRYRUN=1 scripts/gpu_check.sh   # the same commands on the CPU, tiny (checks the
+#                                            # script; tf32 is CUDA-only and is left out)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=${PYTHON:-python}; fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # the checkout's code, installed or not
+
+modes=fp32,tf32,fp16,bf16,bf16_pure
+size=(dataset.num_samples=16384 trainer.batch_size=256 trainer.epochs=3
+      trainer.device=cuda trainer.timing_warmup_steps=10)
+if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
+  modes=fp32,fp16,bf16,bf16_pure
+  size=(dataset.num_samples=256 trainer.batch_size=32 trainer.epochs=1 trainer.max_steps=4
+        trainer.device=cpu trainer.timing_warmup_steps=1 model.small_input_max_px=64)
+  echo "gpu_check: DRY RUN on the CPU (tiny sizes; numbers mean nothing)"
+fi
+
+"$PY" -m ampsweep train -m "precision=$modes" model=resnet18 dataset=synthetic \
+  dataset.image_size=32 dataset.channels=3 dataset.num_classes=10 "${size[@]}" \
+  trainer.progress=false tracking.experiment=gpu_check "$@"
+echo
+"$PY" scripts/sweep_table.py --experiment gpu_check --speedup fp32

@@ -1,0 +1,100 @@
+"""FLOPs per step, the peak table and the speed metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ampsweep import config, flops, train
+from ampsweep.precision import build_policy
+from ampsweep.schema import Mode, PrecisionConfig
+
+CPU = torch.device("cpu")
+
+
+def policy(mode: str):
+    return build_policy(PrecisionConfig(name=Mode[mode]), CPU)
+
+
+def test_train_step_flops_of_a_linear_layer_match_the_formula():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5))
+    x, y = torch.randn(8, 3, 2, 2), torch.randint(0, 5, (8,))
+    # forward 2*B*in*out; backward: grad of the weight (2*B*in*out) only, the input needs none
+    assert flops.train_step_flops(model, x, y, policy("fp32")) == 2 * (2 * 8 * 12 * 5)
+    three = flops.train_step_flops(model, x, y, policy("fp32"), micro_batches=3)
+    assert three == 3 * 2 * (2 * 8 * 12 * 5)
+
+
+def test_counting_leaves_the_run_state_alone():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Dropout()
+    )
+    model.append(torch.nn.Linear(4 * 6 * 6, 3))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.randn(5, 1, 8, 8), torch.randint(0, 3, (5,))
+    rng = torch.get_rng_state()
+    assert flops.train_step_flops(model, x, y, policy("bf16")) > 0
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+@pytest.mark.parametrize(
+    "name, label",
+    [
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+        ("Tesla V100-PCIE-32GB", "V100 PCIe"),
+        ("Tesla T4", "T4"),
+    ],
+)
+def test_known_gpus_are_found(name, label):
+    assert flops.lookup_peak(name)[0] == label
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA GH200 480GB", "NVIDIA B300", "Mystery"])
+def test_unknown_or_different_parts_get_no_peak(name):
+    assert flops.lookup_peak(name) is None
+
+
+def test_peaks_are_dense_and_per_dtype():
+    h200 = flops.lookup_peak("NVIDIA H200")[1]
+    assert (h200.fp32, h200.tf32, h200.bf16) == (67.0, 494.5, 989.5)
+    a100 = flops.lookup_peak("NVIDIA A100-SXM4-40GB")[1]
+    assert (a100.fp32, a100.tf32, a100.fp16, a100.bf16) == (19.5, 156.0, 312.0, 312.0)
+    assert flops.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
+
+
+def test_math_kind_follows_the_mode():
+    assert [flops.math_kind(policy(m)) for m in ("fp32", "fp16", "bf16", "bf16_pure")] == [
+        "fp32",
+        "fp16",
+        "bf16",
+        "bf16",
+    ]
+
+
+def test_speed_metrics_on_cpu_have_tflops_but_no_mfu():
+    out = flops.speed_metrics(2 * 10**12, 500.0, CPU, policy("fp32"))
+    assert out["perf/tflops"] == pytest.approx(4.0)
+    assert "perf/mfu" not in out
+
+
+def test_a_run_records_tflops(quick):
+    cfg = config.load([*quick, "tracking=none", "precision=fp32"])
+    summary = train.fit(train.build(cfg), lambda m, s: None)
+    expected = summary["perf/gflops_per_step"] * 1e9 / (summary["perf/step_time_ms"] / 1e3)
+    assert summary["perf/tflops"] == pytest.approx(expected / 1e12)
+    assert summary["perf/gflops_per_step"] > 0 and "perf/mfu" not in summary
