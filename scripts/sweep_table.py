@@ -54,16 +54,25 @@ def main() -> int:
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )
-    if not parents:
-        print(f"no sweep found in experiment {args.experiment!r}", file=sys.stderr)
-        return 1
-    parent = parents[0]
-    children = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`{tracking.PARENT_TAG}` = '{parent.info.run_id}'",
-        order_by=["attributes.start_time ASC"],
-    )
-    print(f"sweep {parent.info.run_name} ({parent.info.run_id}): {len(children)} runs")
+    if parents:
+        parent = parents[0]
+        children = client.search_runs(
+            [exp.experiment_id],
+            filter_string=f"tags.`{tracking.PARENT_TAG}` = '{parent.info.run_id}'",
+            order_by=["attributes.start_time ASC"],
+        )
+        print(f"sweep {parent.info.run_name} ({parent.info.run_id}): {len(children)} runs")
+    else:  # no parent run: the jobs of the latest sweep folder (run_dir = <sweep dir>/<job>)
+        runs = [] if exp is None else client.search_runs([exp.experiment_id])
+        jobs = [r for r in runs if "job_num" in r.data.tags and "run_dir" in r.data.tags]
+        if not jobs:
+            print(f"no sweep found in experiment {args.experiment!r}", file=sys.stderr)
+            return 1
+        latest = max(jobs, key=lambda r: r.info.start_time)
+        folder = str(Path(latest.data.tags["run_dir"]).parent)
+        children = [r for r in jobs if str(Path(r.data.tags["run_dir"]).parent) == folder]
+        children.sort(key=lambda r: r.info.start_time)
+        print(f"sweep folder {folder}: {len(children)} runs")
     rows = []
     for run in children:
         m, tags = run.data.metrics, run.data.tags
