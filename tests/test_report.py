@@ -177,3 +177,17 @@ def test_charts_are_written_as_png(tmp_path):
     ]
     for p in made:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_underflow_diagnostics_become_a_finding_with_their_numbers():
+    runs = [
+        run("fp32", acc=0.975, underflow=0.25),
+        run("fp16_noscale", acc=0.47, underflow=0.2),
+        run("fp16", acc=0.975, underflow=0.25, scale=65536.0),
+    ]
+    runs[1].metrics["amp/grad_flushed_frac"] = 0.3
+    runs[2].metrics["amp/grad_underflow_frac_scaled"] = 0.001
+    text = "\n".join(report.make_report({"run_id": "p", "name": "s"}, runs).findings)
+    assert "Gradient underflow: fp16 without loss scaling would flush 25" in text
+    assert "measured in fp32" in text
+    assert "The fp16_noscale run actually lost 30" in text

@@ -199,6 +199,7 @@ def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32
         where = f" ({model} on {dataset})" if len(groups) > 1 else ""
         out.extend(_group_findings(group, baseline_mode, where))
     out.extend(_noscale_findings(done, baseline_mode))
+    out.extend(_underflow_findings(done))
     out.extend(_hardware_findings(compared, device, baseline_mode))
     missing = [r for r in done if not r.baseline]
     if missing:
@@ -296,6 +297,26 @@ def _noscale_findings(done: list[Row], base: str) -> list[str]:
             if parts:
                 text += "; with scaling, " + "; ".join(parts)
         out.append(text + ".")
+    return out
+
+
+def _underflow_findings(done: list[Row]) -> list[str]:
+    """What the gradient-underflow diagnostics measured (runs with diagnostics.every > 0):
+    how much of the gradient fp16 without scaling loses on this model, what the scaler keeps."""
+    from ampsweep.diagnostics import finding
+
+    groups: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    for r in done:
+        if r.extra:
+            metrics = {**r.extra, "val/acc": r.val_acc if is_number(r.val_acc) else float("nan")}
+            groups.setdefault((r.model, r.dataset), {})[r.precision] = metrics
+    out = []
+    for (model, dataset), runs in groups.items():
+        text = finding(runs)
+        if text:
+            out.append(
+                f"Gradient underflow{f' ({model} on {dataset})' if len(groups) > 1 else ''}: {text}"
+            )
     return out
 
 
