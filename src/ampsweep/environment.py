@@ -48,6 +48,7 @@ def device_tags(device: torch.device) -> dict[str, str]:
     else:
         tags["device_name"] = cpu_name()
         tags["cpu_threads"] = str(torch.get_num_threads())
+        tags["cpu_half_isa"] = ",".join(cpu_half_precision_isa()) or "none"
     return tags
 
 
@@ -60,6 +61,22 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"
+
+
+HALF_PRECISION_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
+
+
+def cpu_half_precision_isa() -> list[str]:
+    """The CPU's native half-precision instruction sets (Linux /proc/cpuinfo flags): they
+    decide whether bf16/fp16 autocast can be fast on this CPU at all."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in HALF_PRECISION_FLAGS if f in flags]
+    except OSError:
+        pass
+    return []
 
 
 def run_tags(device: torch.device) -> dict[str, str]:

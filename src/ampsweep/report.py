@@ -309,6 +309,8 @@ def _underflow_findings(done: list[Row]) -> list[str]:
     for r in done:
         if r.extra:
             metrics = {**r.extra, "val/acc": r.val_acc if is_number(r.val_acc) else float("nan")}
+            if is_number(r.loss_scale):
+                metrics["amp/loss_scale"] = r.loss_scale
             groups.setdefault((r.model, r.dataset), {})[r.precision] = metrics
     out = []
     for (model, dataset), runs in groups.items():
@@ -328,11 +330,17 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
     rel = f" ({rel})" if rel else ""
     kind = device.get("device")
     if kind == "cpu":
+        isa = [f for f in device.get("cpu_half_isa", "none").split(",") if f and f != "none"]
+        has = (
+            ("native half-precision instructions " + ", ".join(isa))
+            if isa
+            else ("no native fp16/bf16 arithmetic")
+        )
         return [
-            "This CPU has no tensor cores and no native fp16/bf16 arithmetic, so its timings of "
-            f"half precision{rel} say little about a GPU: the speed-ups of mixed precision "
-            "belong to GPUs with tensor cores. What carries over from a CPU run is the "
-            "activation memory saved and whether accuracy held."
+            f"This CPU has no tensor cores and {has}, so its timings of half precision{rel} "
+            "say little about a GPU: the speed-ups of mixed precision belong to GPUs with "
+            "tensor cores. What carries over from a CPU run is the activation memory saved and "
+            "whether accuracy held."
         ]
     cap = _capability(device)
     if kind == "cuda" and cap is not None and cap < 7.0:
@@ -407,8 +415,14 @@ def _baseline_cell(r: Row) -> str:
     return r.baseline or r.note or ""
 
 
-def table_cells(report: Report) -> tuple[list[str], list[list[str]]]:
+# At the console only the headline diagnostics fit; the files carry every column.
+CONSOLE_EXTRAS = ("amp/grad_underflow_frac", "amp/grad_flushed_frac")
+
+
+def table_cells(report: Report, compact: bool = False) -> tuple[list[str], list[list[str]]]:
     cols = columns(report)
+    if compact:
+        cols = [c for c in cols if not c[0].startswith("extra:") or c[0][6:] in CONSOLE_EXTRAS]
     headers = [h for _, h, _ in cols] + ["baseline"]
     body = [[_cell(_value(r, k), f) for k, _, f in cols] + [_baseline_cell(r)] for r in report.rows]
     return headers, body
@@ -469,7 +483,7 @@ def print_table(report: Report) -> None:
 
     # Piped output (CI logs, demo transcripts) gets a wide table instead of 80-column wrapping.
     con = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    headers, body = table_cells(report)
+    headers, body = table_cells(report, compact=True)
     table = Table(title=_title(report), title_justify="left", box=box.SIMPLE_HEAD)
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i < 4 or i == len(headers) - 1 else "right")

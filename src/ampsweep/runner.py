@@ -328,10 +328,11 @@ def _resume_point(cfg: Config, sweep_info, uri: str | None) -> dict | None:
     from ampsweep import checkpoint
 
     choice = cfg.trainer.resume
-    if choice is None and sweep_info and cfg.tracking.skip_finished:
+    implied = choice is None and sweep_info is not None and cfg.tracking.skip_finished
+    if implied:
         choice = "auto"
     path, line, run_id = checkpoint.locate(cfg, choice, uri)
-    if line:
+    if line and (path is not None or not implied):  # a fresh sweep job needs no word on it
         console.console.print(line)
     if path is None:
         return None
