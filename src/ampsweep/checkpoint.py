@@ -49,6 +49,7 @@ NOT_HASHED = (
     "tracking.uri",
     "tracking.artifact_root",
     "tracking.metrics_flush_every",
+    "tracking.metrics_flush_seconds",
     "tracking.skip_finished",
 )
 

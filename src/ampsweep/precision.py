@@ -159,6 +159,9 @@ def build_policy(pc: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
     )
 
 
+_NO_SKIP = torch.zeros(())
+
+
 def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """1.0 if this step's gradients held inf/NaN (so ``scaler.step`` will skip it), else 0.0.
 
@@ -167,6 +170,6 @@ def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) ->
     Only valid between ``scaler.unscale_(optimizer)`` and ``scaler.update()``.
     """
     if not scaler.is_enabled():
-        return torch.zeros(())
+        return _NO_SKIP  # shared: nothing is allocated per step without a scaler
     per_device = scaler._found_inf_per_device(optimizer)  # noqa: SLF001 - see docstring
     return sum(v.float() for v in per_device.values()).clamp(max=1.0)

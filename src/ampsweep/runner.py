@@ -358,7 +358,11 @@ def _reattach(ckpt: dict, cfg: Config, uri: str, parent_run_id: str | None, ctx:
             "resume; drop trainer.resume to start a new run"
         )
     recorder = tracking.MlflowRecorder.attach(
-        uri, run_id, cfg.tracking.metrics_flush_every, after_step=step
+        uri,
+        run_id,
+        cfg.tracking.metrics_flush_every,
+        after_step=step,
+        flush_seconds=cfg.tracking.metrics_flush_seconds,
     )
     tags = {"resumed_from": ckpt["path"], "resumed_at_step": str(step), **EXTRA_TAGS}
     if ctx.output_dir:

@@ -255,7 +255,10 @@ class TrackingConfig:
     experiment: str = "ampsweep"
     run_name: str | None = None  # None: <precision>-<model>-<dataset>
     artifact_root: str = "outputs/mlartifacts"  # where new experiments store artifacts
-    metrics_flush_every: int = 5  # log steps buffered before one batched, async write
+    # Metrics are buffered and written in one asynchronous batch every metrics_flush_seconds
+    # (and at the end of the run); metrics_flush_every > 0 also writes every N log calls.
+    metrics_flush_seconds: float = 10.0
+    metrics_flush_every: int = 0
     skip_finished: bool = True  # a sweep relaunch skips jobs whose identical config FINISHED
 
 
@@ -361,8 +364,12 @@ def validate(cfg: Config) -> list[str]:
             f"model.hidden_dim={m.hidden_dim} must be divisible by model.num_heads={m.num_heads}"
         )
     p.extend(_precision_problems(cfg.precision))
-    if cfg.tracking.metrics_flush_every < 1:
-        p.append(f"tracking.metrics_flush_every={cfg.tracking.metrics_flush_every} must be >= 1")
+    if cfg.tracking.metrics_flush_every < 0:
+        p.append(f"tracking.metrics_flush_every={cfg.tracking.metrics_flush_every} must be >= 0")
+    if not cfg.tracking.metrics_flush_seconds >= 0:
+        p.append(
+            f"tracking.metrics_flush_seconds={cfg.tracking.metrics_flush_seconds} must be >= 0"
+        )
     return p
 
 

@@ -3,7 +3,8 @@
 Everything goes through an explicit ``MlflowClient`` and run id, never MLflow's global
 "active run": Hydra runs the jobs of a sweep in one process, and one job's active run must
 not leak into the next. Metrics are buffered and written in batches, asynchronously, every
-``tracking.metrics_flush_every`` log calls (a synchronous write into SQLite costs ~10 ms).
+``tracking.metrics_flush_seconds`` (or ``metrics_flush_every`` log calls): a synchronous write
+into SQLite costs ~10 ms, and even an asynchronous one takes CPU from training.
 """
 
 from __future__ import annotations
@@ -200,9 +201,12 @@ class NullRecorder:
 class MlflowRecorder:
     """One MLflow run: buffered async metrics, params, tags, artifacts, and its end."""
 
-    def __init__(self, client, run_id: str, uri: str, flush_every: int):
+    def __init__(
+        self, client, run_id: str, uri: str, flush_every: int = 0, flush_seconds: float = 10.0
+    ):
         self.client, self.run_id, self.uri = client, run_id, uri
-        self.flush_every = flush_every
+        self.flush_every, self.flush_seconds = flush_every, flush_seconds
+        self._last_write = time.monotonic()
         self._buffer: list = []
         self._calls = 0
         self._pending: list = []
@@ -228,11 +232,16 @@ class MlflowRecorder:
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
         run = client.create_run(exp_id, run_name=mask_text(run_name), tags=all_tags)
-        return cls(client, run.info.run_id, uri, cfg.metrics_flush_every)
+        return cls(client, run.info.run_id, uri, cfg.metrics_flush_every, cfg.metrics_flush_seconds)
 
     @classmethod
     def attach(
-        cls, uri: str, run_id: str, flush_every: int = 5, after_step: int | None = None
+        cls,
+        uri: str,
+        run_id: str,
+        flush_every: int = 0,
+        after_step: int | None = None,
+        flush_seconds: float = 10.0,
     ) -> MlflowRecorder:
         """Continue an existing run (resume): set it RUNNING again.
 
@@ -241,7 +250,7 @@ class MlflowRecorder:
         no step appears twice in a metric's history."""
         client = client_for(uri)
         client.update_run(run_id, status=RUNNING)
-        rec = cls(client, run_id, uri, flush_every)
+        rec = cls(client, run_id, uri, flush_every, flush_seconds)
         if after_step is not None:
             for key in client.get_run(run_id).data.metrics:
                 for m in client.get_metric_history(run_id, key):
@@ -273,10 +282,14 @@ class MlflowRecorder:
             if (k, step) not in self._logged
         )
         self._calls += 1
-        if self._calls % self.flush_every == 0:
+        # Few, large writes: each costs a transaction on a background thread, and on a small
+        # machine that thread competes with training for the same cores.
+        due = self.flush_every > 0 and self._calls % self.flush_every == 0
+        if due or time.monotonic() - self._last_write >= self.flush_seconds:
             self._write(synchronous=False)
 
     def _write(self, synchronous: bool) -> None:
+        self._last_write = time.monotonic()
         while self._buffer:
             chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
             op = self.client.log_batch(self.run_id, metrics=chunk, synchronous=synchronous)

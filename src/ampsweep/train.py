@@ -271,7 +271,7 @@ def fit(
             s.schedule.step()
             state.step += 1
             timer.stop()
-            watch.observe(loss, step_skipped, scaler)  # divergence count, on the device
+            watch.observe(loss, step_skipped, scaler)  # divergence: settled at log steps
 
             if state.step % t.log_every == 0:
                 distributed.all_reduce(loss_sum)  # the mean over every rank's batches
