@@ -163,3 +163,32 @@ def test_nproc_2_is_one_mlflow_run(tmp_path, store):
     # only rank 0 wrote Hydra's output folder
     assert len(list((tmp_path / "outputs" / "runs").glob("*/*"))) == 1
     assert proc.stdout.count("finished") == 1  # rank 1 is quiet
+
+
+@pytest.mark.slow
+def test_a_ddp_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
+    """trainer.nproc=2: rank 0 writes the checkpoints (the plain module's weights), every rank
+    restores the same one, and the resumed run ends where the uninterrupted one did."""
+    base = ["train", *EXACT, "trainer.batch_size=16", "trainer.nproc=2"]
+    base += ["trainer.checkpoint_every=4", "trainer.keep_checkpoints=10"]
+    env = {"OMP_NUM_THREADS": "1"}
+    full = run_cli([*base, f"trainer.checkpoint_dir={tmp_path / 'a'}"], tmp_path, env=env)
+    assert full.returncode == 0, full.stderr[-3000:]
+    saved = sorted((tmp_path / "a").glob("*/*/step-*.pt"))
+    assert [p.name for p in saved] == [
+        "step-00000004.pt", "step-00000008.pt", "step-00000012-end.pt"
+    ]  # fmt: skip
+    resumed = run_cli(
+        [*base, f"trainer.checkpoint_dir={tmp_path / 'b'}", f"trainer.resume={saved[0]}"],
+        tmp_path,
+        env=env,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {saved[0]}" in resumed.stdout.replace("\n", "")
+    (end,) = (tmp_path / "b").glob("*/*/step-*-end.pt")
+    a = torch.load(saved[-1], weights_only=True)
+    b = torch.load(end, weights_only=True)
+    assert a["state"]["step"] == b["state"]["step"] == 12
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert not any(k.startswith("module.") for k in a["model"])  # DDP's wrapper is not saved
