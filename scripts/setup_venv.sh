@@ -15,7 +15,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.ampsweep-install"  # "<pyproject hash> <extras installed>"
 hash="$(sha256sum pyproject.toml | cut -c1-16)"
-read -r have_hash have_extras <"$stamp" 2>/dev/null || true
+have_hash="" have_extras=""
+[ -f "$stamp" ] && read -r have_hash have_extras <"$stamp"
 satisfied=false
 if [ "${have_hash:-}" = "$hash" ]; then
     satisfied=true  # every extra asked for must already be installed
