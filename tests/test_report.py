@@ -191,3 +191,14 @@ def test_underflow_diagnostics_become_a_finding_with_their_numbers():
     assert "Gradient underflow: fp16 without loss scaling would flush 25" in text
     assert "measured in fp32" in text
     assert "The fp16_noscale run actually lost 30" in text
+
+
+def test_a_cpu_with_native_bf16_is_named_in_the_hardware_finding():
+    cpu = {**CPU, "cpu_half_isa": "avx512_bf16"}
+    runs = [
+        run("fp32", acc=0.98, sps=100.0, device=cpu),
+        run("bf16", acc=0.98, sps=120.0, device=cpu),
+    ]
+    text = "\n".join(report.make_report({"run_id": "p", "name": "s"}, runs).findings)
+    assert "native half-precision instructions avx512_bf16" in text
+    assert "bf16 1.20x" in text and "belong to GPUs" in text

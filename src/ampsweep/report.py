@@ -593,8 +593,8 @@ def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = "fp32") -
     source = (finished or [r for r in runs if r.tags.get("device")] or runs)[0].tags
     device = {
         k: source[k]
-        for k in ("device", "device_name", "compute_capability", "cpu_threads", "torch_version",
-                  "cuda_version")
+        for k in ("device", "device_name", "compute_capability", "cpu_threads", "cpu_half_isa",
+                  "torch_version", "cuda_version")
         if k in source
     }  # fmt: skip
     return Report(sweep, device, baseline_mode, rows, findings(rows, device, baseline_mode), runs)
