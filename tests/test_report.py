@@ -202,3 +202,10 @@ def test_a_cpu_with_native_bf16_is_named_in_the_hardware_finding():
     text = "\n".join(report.make_report({"run_id": "p", "name": "s"}, runs).findings)
     assert "native half-precision instructions avx512_bf16" in text
     assert "bf16 1.20x" in text and "belong to GPUs" in text
+
+
+def test_no_memory_saving_is_not_reported_as_one():
+    runs = [run("fp32", acc=0.97, act=0.144), run("fp16", acc=0.97, act=0.203, scale=65536.0)]
+    text = "\n".join(report.make_report({"run_id": "p", "name": "s"}, runs).findings)
+    assert "Most activation memory saved" not in text
+    assert "No mode saved activation memory: the least is fp16 with 0.20 MiB" in text

@@ -235,11 +235,22 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     if act:
         best = min(act, key=lambda r: r.activation_ratio)
         saved = (1 - best.activation_ratio) * 100
-        out.append(
-            f"Most activation memory saved{where}: {best.precision}, {best.activation_mib:.2f} "
-            f"MiB per step vs {best.activation_mib / best.activation_ratio:.2f} MiB for {base} "
-            f"({best.activation_ratio:.2f}x, {saved:.0f}% less)."
-        )
+        base_mib = best.activation_mib / best.activation_ratio
+        if best.activation_ratio < 1.0:
+            out.append(
+                f"Most activation memory saved{where}: {best.precision}, "
+                f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
+                f"({best.activation_ratio:.2f}x, {saved:.0f}% less)."
+            )
+        else:
+            # Autocast saves half-precision copies of the weights for backward; on a model
+            # whose activations are small next to its weights, those copies dominate.
+            out.append(
+                f"No mode saved activation memory{where}: the least is {best.precision} with "
+                f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
+                f"({best.activation_ratio:.2f}x). Autocast keeps half-precision copies of the "
+                "weights for backward, which outweigh the activations on a model this small."
+            )
     peak = [r for r in group if is_number(r.peak_ratio) and r.precision != base]
     if peak:
         best = min(peak, key=lambda r: r.peak_ratio)
