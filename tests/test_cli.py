@@ -157,3 +157,9 @@ def test_a_run_that_breaks_is_ended_not_left_running(
     assert "Traceback" not in captured.out + captured.err
     (run,) = runs_in(store)
     assert run.info.status == status
+
+
+def test_printing_the_config_of_a_sweep_is_refused_in_one_line(capsys):
+    assert cli.main(["train", "-m", "precision=fp32,bf16", "--cfg", "hydra"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--cfg cannot be combined with -m" in err

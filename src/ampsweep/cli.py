@@ -70,6 +70,15 @@ def cmd_train(args: list[str]) -> int:
     informational = bool((bare | set(flags)) & HYDRA_INFO_FLAGS)
     multirun = bool(bare & {"-m", "--multirun"})
     rank = distributed.from_env()
+    exclusive = (bare | set(flags)) & {"--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+    if multirun and exclusive:  # Hydra would raise a ValueError with a traceback
+        from ampsweep import console
+
+        console.error(
+            f"{sorted(exclusive)[0]} cannot be combined with -m: drop -m to print the config of "
+            "one job, e.g. ampsweep train --cfg job precision=fp16"
+        )
+        return 2
     if not informational:
         code, configs = _validate(overrides, flags, multirun, record=rank.is_main)
         if code:
