@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,33 @@ def test_report_says_what_is_missing_in_one_line(tmp_path, store):
     assert res.returncode == 2 and "no sweep in this store" in res.stderr
     res = run_cli(["report", "--baseline", "fp8"], cwd=tmp_path)
     assert res.returncode == 2 and "--baseline fp8: not a precision mode" in res.stderr
+
+
+def test_a_sweep_whose_launcher_died_is_ended_by_the_next_launch(store):
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from ampsweep import sweep
+
+    client = MlflowClient(store)
+    exp = client.create_experiment("orphans")
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = gone.stdout.strip()  # that process has exited
+
+    def parent(host: str, pid: str) -> str:
+        tags = {"ampsweep.sweep": "true", sweep.LAUNCHER_HOST: host, sweep.LAUNCHER_PID: pid}
+        return client.create_run(exp, tags=tags).info.run_id
+
+    orphan = parent(socket.gethostname(), dead_pid)
+    alive = parent(socket.gethostname(), str(os.getpid()))
+    elsewhere = parent("another-host", dead_pid)
+    assert sweep.end_orphaned_sweeps(client, exp) == [orphan]
+    assert client.get_run(orphan).info.status == "KILLED"
+    assert "ended_by" in client.get_run(orphan).data.tags
+    assert client.get_run(alive).info.status == "RUNNING"  # its launcher is still running
+    assert client.get_run(elsewhere).info.status == "RUNNING"  # not ours to judge

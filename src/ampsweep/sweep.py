@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -100,6 +101,7 @@ class SweepCallback(Callback):
         exp_id = tracking.get_or_create_experiment(
             client, config.tracking.experiment, config.tracking.artifact_root if local else None
         )
+        end_orphaned_sweeps(client, exp_id)
         counts = json.loads(os.environ.get(ENV_NAME_COUNTS, "{}"))
         run = client.create_run(
             exp_id,
@@ -110,6 +112,9 @@ class SweepCallback(Callback):
                     "sweep_dir": str(sweep_dir),
                     "command": command_line(),
                     "jobs_expected": str(sum(counts.values()) or ""),
+                    # who launched it: a later launch can tell a sweep whose process is gone
+                    LAUNCHER_HOST: socket.gethostname(),
+                    LAUNCHER_PID: str(os.getpid()),
                 }
             ),
         )
@@ -125,6 +130,44 @@ class SweepCallback(Callback):
         (sweep_dir / SWEEP_FILE).write_text(info.dump())
         os.environ[ENV_SWEEP] = info.dump()
         ACTIVE = info
+
+
+LAUNCHER_HOST, LAUNCHER_PID = "launcher_host", "launcher_pid"
+
+
+def end_orphaned_sweeps(client, experiment_id: str) -> list[str]:
+    """End the RUNNING sweep parents whose launching process is gone (SIGKILL, a lost node):
+    nothing else will ever end them. Only parents launched on this host are judged, by their
+    recorded pid; their interrupted children stay as they are, for a relaunch to resume."""
+    host = socket.gethostname()
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string="tags.`ampsweep.sweep` = 'true' and attributes.status = 'RUNNING'",
+        max_results=1000,
+    )
+    ended = []
+    for run in runs:
+        tags = run.data.tags
+        if tags.get(LAUNCHER_HOST) != host or not tags.get(LAUNCHER_PID, "").isdigit():
+            continue
+        if _alive(int(tags[LAUNCHER_PID])):
+            continue
+        client.set_tag(
+            run.info.run_id, "ended_by", "a later launch: its launching process was gone"
+        )
+        client.set_terminated(run.info.run_id, status=tracking.KILLED)
+        ended.append(run.info.run_id)
+    return ended
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def job_sweep_info(ctx) -> SweepInfo | None:
