@@ -60,6 +60,7 @@ def test_bad_input_in_process(args, names, tmp_path, store, quick, capsys, monke
     captured = capsys.readouterr()
     check_one_line_error(code, captured.out, captured.err, names)
     assert runs_in(store) == []  # nothing recorded, so nothing left RUNNING
+    assert list((tmp_path / "outputs" / "runs").glob("*/*")) == []  # no empty Hydra run dir
 
 
 def test_unopenable_store_in_process(tmp_path, quick, capsys, monkeypatch):

@@ -54,7 +54,7 @@ def test_diverging_lr_stops_failed_and_the_sweep_goes_on(store, quick):
     assert good.status == "FINISHED"
 
 
-def test_secrets_from_the_environment_are_masked(store, quick, monkeypatch):
+def test_secrets_from_the_environment_are_masked(store, quick, monkeypatch, capsys):
     from mlflow import MlflowClient
 
     secret = "s3cr3t-value-42"
@@ -72,6 +72,8 @@ def test_secrets_from_the_environment_are_masked(store, quick, monkeypatch):
     everything = {**run.data.params, **run.data.tags}
     assert not [k for k, v in everything.items() if secret in v]
     assert run.data.params["tracking.run_name"] == "run-***"
+    shown = capsys.readouterr()
+    assert secret not in shown.out + shown.err and "run-***" in shown.out  # the console too
 
 
 @pytest.mark.slow

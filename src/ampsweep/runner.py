@@ -176,7 +176,7 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
     stop = StopRequest().install()
     try:
         cfg = node if isinstance(node, Config) else to_config(node)
-        base_name = name = cfg.tracking.run_name or default_run_name(cfg)
+        base_name = name = tracking.mask_text(cfg.tracking.run_name or default_run_name(cfg))
         # Only rank 0 records: one training across N processes is one MLflow run.
         use_mlflow = cfg.tracking.backend == Tracker.mlflow and rank.is_main
         uri = tracking.resolve_uri(cfg.tracking.uri)
@@ -202,6 +202,7 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
             build_error = err  # in a sweep, the job is recorded as a FAILED child run
         if sweep_info and not cfg.tracking.run_name:
             name = sweep_info.run_name(name, ctx.job_num)
+        name = tracking.mask_text(name)  # a run name may interpolate a secret: never show it
         # trainer.resume (or a relaunched sweep): the checkpoint to continue from, if any.
         # Every DDP rank loads the same checkpoint; only rank 0 records and writes them.
         tracked = cfg.tracking.backend == Tracker.mlflow
@@ -274,6 +275,8 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
                     f"could not record the failure in MLflow: {tracking.one_line(end_err)}"
                 )
         code = EXIT_CONFIG if isinstance(err, ConfigError) else EXIT_FAILED
+        if recorder is None and ctx.job_num is None:
+            _drop_unused_run_dir(ctx)  # a refused command leaves nothing behind
         outcome = JobOutcome(
             name, tracking.FAILED, getattr(recorder, "run_id", None), error=message, exit_code=code
         )
@@ -284,6 +287,18 @@ def _run_job(node, ctx: JobContext, parent_run_id: str | None, rank) -> JobOutco
     if stop.requested:  # the signal came after the last step: the run finished; stop the sweep
         raise KeyboardInterrupt("SIGTERM after the last step")
     return outcome
+
+
+def _drop_unused_run_dir(ctx: JobContext) -> None:
+    """Remove the run folder Hydra made for a job that was refused before it ran (it holds
+    only Hydra's .hydra/ record of the refused command)."""
+    import shutil
+
+    folder = ctx.output_dir
+    if folder and folder.is_dir() and {p.name for p in folder.iterdir()} <= {".hydra"}:
+        shutil.rmtree(folder, ignore_errors=True)
+        if not any(folder.parent.iterdir()):  # the day's folder, if this was its only run
+            folder.parent.rmdir()
 
 
 def _finished_twin(cfg: Config, uri: str):

@@ -129,7 +129,13 @@ def prepare_store(uri: str) -> None:
 
 
 def client_for(uri: str):
+    import logging
+
     from mlflow import MlflowClient
+
+    # MLflow logs store creation and migrations at INFO on the console; ampsweep says what
+    # matters itself.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
 
     return MlflowClient(tracking_uri=uri)
 
