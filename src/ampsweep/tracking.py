@@ -16,6 +16,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +218,9 @@ class MlflowRecorder:
         self._buffer: list = []
         self._calls = 0
         self._pending: list = []
+        # Our own single background writer rather than MLflow's async logging: ending a run
+        # that used MLflow's queue joins a worker that polls once a second (~1 s per run).
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ampsweep-metrics")
         self._logged: set[tuple[str, int]] = set()  # (key, step) already in the store (resume)
         self.ended = False
 
@@ -298,16 +303,18 @@ class MlflowRecorder:
         self._last_write = time.monotonic()
         while self._buffer:
             chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
-            op = self.client.log_batch(self.run_id, metrics=chunk, synchronous=synchronous)
-            if op is not None:
-                self._pending.append(op)
+            if synchronous:
+                self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+            else:
+                write = partial(self.client.log_batch, self.run_id, metrics=chunk, synchronous=True)
+                self._pending.append(self._writer.submit(write))
 
     def flush(self) -> None:
         """Write what is buffered and wait for every asynchronous write to land."""
         self._write(synchronous=False)
         pending, self._pending = self._pending, []
         for op in pending:
-            op.wait()
+            op.result()  # re-raises a failed write here, in the training thread
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -333,6 +340,7 @@ class MlflowRecorder:
         try:
             self.flush()
         finally:
+            self._writer.shutdown(wait=True)
             if error:
                 self.set_tags({"error": error})
             self.client.set_terminated(self.run_id, status=status)
