@@ -12,6 +12,7 @@ import difflib
 import itertools
 import re
 from dataclasses import fields, is_dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ def _schema_default(key: str) -> Any:
         if not is_dataclass(node) or part not in {f.name for f in fields(node)}:
             return None
         node = getattr(node, part)
-    return getattr(node, "name", node) if hasattr(node, "name") and not is_dataclass(node) else node
+    return node.name if isinstance(node, Enum) else node
 
 
 def _keys_of(key: str) -> list[str]:

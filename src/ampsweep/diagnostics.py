@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ampsweep.flops import unwrap
+from ampsweep.distributed import unwrap
 from ampsweep.schema import DiagnosticsConfig
 
 FP16_ZERO_AT = 2.0**-25  # |x| <= this rounds to 0 in fp16 (half of the smallest subnormal 2^-24)

@@ -52,31 +52,30 @@ def device_tags(device: torch.device) -> dict[str, str]:
     return tags
 
 
-def cpu_name() -> str:
-    """The CPU model (Linux: /proc/cpuinfo), else what platform knows."""
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` of /proc/cpuinfo (Linux), None elsewhere."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "cpu"
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU model, else what platform knows."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "cpu"
 
 
 HALF_PRECISION_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 
 
 def cpu_half_precision_isa() -> list[str]:
-    """The CPU's native half-precision instruction sets (Linux /proc/cpuinfo flags): they
-    decide whether bf16/fp16 autocast can be fast on this CPU at all."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return [f for f in HALF_PRECISION_FLAGS if f in flags]
-    except OSError:
-        pass
-    return []
+    """The CPU's native half-precision instruction sets (its flags): they decide whether
+    bf16/fp16 autocast can be fast on this CPU at all."""
+    flags = set((_cpuinfo("flags") or "").split())
+    return [f for f in HALF_PRECISION_FLAGS if f in flags]
 
 
 def run_tags(device: torch.device) -> dict[str, str]:

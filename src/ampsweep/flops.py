@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from ampsweep.distributed import unwrap
 from ampsweep.precision import PrecisionPolicy
 
 
@@ -90,13 +91,6 @@ def math_kind(policy: PrecisionPolicy) -> str:
 def peak_tflops(device_name: str, kind: str) -> float | None:
     found = lookup_peak(device_name)
     return None if found is None else getattr(found[1], kind)
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain module under torch.compile's and DDP's wrappers (counted eagerly, once)."""
-    model = getattr(model, "_orig_mod", model)
-    is_ddp = hasattr(model, "require_backward_grad_sync")  # DistributedDataParallel
-    return model.module if is_ddp else model
 
 
 def train_step_flops(

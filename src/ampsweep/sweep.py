@@ -97,10 +97,7 @@ class SweepCallback(Callback):
         label = choices.get("experiment") or "sweep"
         name = f"{label}-{datetime.now():%Y%m%d-%H%M%S}"
         client = tracking.client_for(uri)
-        local = uri.startswith("sqlite:")
-        exp_id = tracking.get_or_create_experiment(
-            client, config.tracking.experiment, config.tracking.artifact_root if local else None
-        )
+        exp_id = tracking.experiment_for(client, uri, config.tracking)
         end_orphaned_sweeps(client, exp_id)
         counts = json.loads(os.environ.get(ENV_NAME_COUNTS, "{}"))
         run = client.create_run(

@@ -184,6 +184,13 @@ def find_finished(uri: str, experiment: str, config_hash: str):
     return runs[0] if runs else None
 
 
+def experiment_for(client, uri: str, cfg: TrackingConfig) -> str:
+    """``tracking.experiment``'s id in the store at ``uri``. Only a local store gets our
+    artifact location; a server decides (and may serve) its own."""
+    local = uri.startswith("sqlite:")
+    return get_or_create_experiment(client, cfg.experiment, cfg.artifact_root if local else None)
+
+
 def one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     if not isinstance(err, ConfigError):
@@ -235,10 +242,7 @@ class MlflowRecorder:
     ) -> MlflowRecorder:
         uri = uri or resolve_uri(cfg.uri)
         client = client_for(uri)
-        local = uri.startswith("sqlite:")
-        exp_id = get_or_create_experiment(
-            client, cfg.experiment, cfg.artifact_root if local else None
-        )
+        exp_id = experiment_for(client, uri, cfg)
         all_tags = mask_secrets(tags or {})
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
