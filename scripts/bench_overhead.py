@@ -6,8 +6,9 @@
       --dataset synthetic --batch-size 256 --steps 200  # the same on a GPU
   python scripts/bench_overhead.py --quick              # a dry run of a few seconds
 
-Variants, per precision mode, each run in-process (``train.build`` + ``train.fit``, exactly
-what ``ampsweep train`` runs after composing the config; building is not timed):
+Variants, per precision mode, each run in-process (``engine.build.build`` then
+``engine.loop.fit``, exactly what ``ampsweep train`` runs after composing the config; building
+is not timed):
 
   plain loop       a hand-written loop: autocast, GradScaler, AdamW, the same model, data,
                    batch size and shuffling, preloaded tensors indexed on the device
@@ -44,8 +45,13 @@ if SRC.is_dir() and str(SRC) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ampsweep import config, data, models, precision, tracking, train  # noqa: E402
-from ampsweep.schema import MODE_SPECS  # noqa: E402
+from ampsweep.config.compose import load  # noqa: E402
+from ampsweep.engine import build, data, models  # noqa: E402
+from ampsweep.engine.data.batches import seed_for  # noqa: E402
+from ampsweep.engine.loop import fit  # noqa: E402
+from ampsweep.precision import policy  # noqa: E402
+from ampsweep.tracking import store as mlflow_store  # noqa: E402
+from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder  # noqa: E402
 
 VARIANTS = ["plain loop", "runner", "runner+mlflow", "runner+loader"]
 TARGETS = {  # (numerator, denominator, target)
@@ -108,10 +114,11 @@ def sync(device: torch.device) -> None:
 def plain_loop(cfg, steps: int) -> tuple[float, float]:
     """A hand-written AMP loop on the same model, data and batches. (wall s, median step ms)"""
     t = cfg.trainer
-    device = train.select_device(t.device)
-    spec = MODE_SPECS[precision.resolve_mode(cfg.precision.name, device)]
-    half = precision.TORCH_DTYPES[spec.compute_dtype]
-    precision.set_tf32(spec.tf32)
+    device = build.select_device(t.device)
+    cfg = build.resolve(cfg)
+    spec = policy.resolve_mode(cfg.precision.name, device)
+    half = policy.TORCH_DTYPES[spec.dtype]
+    policy.set_tf32(spec.tf32)
     torch.manual_seed(t.seed)
     splits = data.load(cfg.dataset)
     param_dtype = half if spec.pure else torch.float32
@@ -124,8 +131,8 @@ def plain_loop(cfg, steps: int) -> tuple[float, float]:
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=o.lr,
-        betas=tuple(o.betas),
-        eps=o.eps,
+        betas=tuple(o.args["betas"]),
+        eps=o.args["eps"],
         weight_decay=o.weight_decay,
         fused=(device.type == "cuda") or None,
     )
@@ -137,7 +144,7 @@ def plain_loop(cfg, steps: int) -> tuple[float, float]:
     start = time.perf_counter()
     step, epoch = 0, 0
     while step < steps:
-        g = torch.Generator().manual_seed(t.seed * 1_000_003 + epoch)
+        g = torch.Generator().manual_seed(seed_for(t.seed, epoch))
         order = torch.randperm(n, generator=g).to(device)
         for i in range(n // bs):
             t0 = time.perf_counter()
@@ -182,18 +189,18 @@ def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
 
 
 def runner(cfg, store: str | None) -> tuple[float, float]:
-    setup = train.build(cfg)  # untimed, as the plain loop's set-up is
-    recorder = tracking.NullRecorder()
+    setup = build.build(cfg)  # untimed, as the plain loop's set-up is
+    recorder = NullRecorder()
     if store:
         cfg.tracking.uri = store
-        recorder = tracking.MlflowRecorder.start(cfg.tracking, "bench", uri=store)
+        recorder = MlflowRecorder.start(cfg.tracking, "bench", uri=store)
     sync(setup.device)
     start = time.perf_counter()
-    summary = train.fit(setup, recorder.log_metrics)
+    summary = fit(setup, recorder.log_metrics)
     recorder.flush()  # the run's metrics have landed in the store
     sync(setup.device)
     wall = time.perf_counter() - start
-    recorder.end(tracking.FINISHED)
+    recorder.end(mlflow_store.FINISHED)
     return wall, summary.get("perf/step_time_ms", float("nan"))
 
 
@@ -201,7 +208,7 @@ def run_variant(args, variant: str, mode: str, steps: int, store: str):
     extra = ["dataset.preload=false"] if variant == "runner+loader" else []
     if variant == "runner+mlflow":
         extra = ["tracking=mlflow", "tracking.experiment=bench_overhead"]
-    cfg = config.load(overrides(args, mode, steps, extra))
+    cfg = load(overrides(args, mode, steps, extra))
     if variant == "plain loop":
         return plain_loop(cfg, steps)
     return runner(cfg, store if variant == "runner+mlflow" else None)

@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
 def empty_store(tmp_path_factory) -> Path:
     """An empty SQLite store with MLflow's tables, made once per session: MLflow runs its
     schema migrations on every new store, which costs seconds each."""
-    from ampsweep.tracking import client_for
+    from ampsweep.tracking.store import client_for
 
     path = tmp_path_factory.mktemp("empty_store") / "mlflow.db"
     client_for(f"sqlite:///{path}").search_experiments()

@@ -14,8 +14,11 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from ampsweep import checkpoint, config, runner, train
-from ampsweep.schema import ConfigError
+from ampsweep.app import job as runner
+from ampsweep.config import compose as config
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine import build as train
+from ampsweep.engine import checkpoint, loop
 
 FP16_GROWING = [  # a scale that grows every 2 clean steps, so it has changed by any kill
     "precision=fp16",
@@ -58,7 +61,13 @@ def train_logged(cfg, state=None, stop=None, run_id="r"):
     ckpts = checkpoint.Checkpointer(checkpoint.folder_for(cfg, run_id), cfg, run_id)
     if state is not None:
         state = checkpoint.restore(setup, checkpoint.load(state))
-    summary = train.fit(setup, lambda m, s: logged.append((s, m)), None, state, ckpts, stop)
+    summary = loop.fit(
+        setup,
+        lambda m, s: logged.append((s, m)),
+        state=state,
+        checkpoints=ckpts,
+        stop=stop or loop.NoStop(),
+    )
     return summary, logged, ckpts, setup
 
 
@@ -70,7 +79,7 @@ def train_logged(cfg, state=None, stop=None, run_id="r"):
 def test_resume_continues_exactly(tmp_path, mode):
     cfg = config.load(small(tmp_path, "trainer.max_steps=16", "trainer.checkpoint_every=4", *mode))
     whole, whole_log, _, setup = train_logged(cfg, run_id="whole")
-    with pytest.raises(train.Interrupted):
+    with pytest.raises(loop.Interrupted):
         train_logged(cfg, stop=StopAt(7), run_id="cut")  # step 7: mid log window
     saved = checkpoint.checkpoints_in(checkpoint.folder_for(cfg, "cut"))
     assert [p.name for p in saved] == ["step-00000004.pt", "step-00000007.pt"]  # keep=2
@@ -94,7 +103,7 @@ def test_checkpoint_is_data_and_restores_every_rng(tmp_path):
     setup = train.build(cfg)
     ckpts = checkpoint.Checkpointer(tmp_path / "f", cfg, "abc")
     random.random(), np.random.rand(), torch.rand(1)
-    path = ckpts.save(setup, train.TrainState(step=3, epoch=0, batch=3, loss_sum=1.5))
+    path = ckpts.save(setup, loop.TrainState(step=3, epoch=0, batch=3, loss_sum=1.5))
     expected = (random.random(), np.random.rand(), torch.rand(1))
     random.random(), np.random.rand(), torch.rand(1)  # move every generator on
     ckpt = torch.load(path, weights_only=True)  # plain data: no pickled code
@@ -102,14 +111,14 @@ def test_checkpoint_is_data_and_restores_every_rng(tmp_path):
     assert ckpt["state"]["loss_sum"] == 1.5
     state = checkpoint.restore(train.build(cfg), ckpt)
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
-    assert state == train.TrainState(step=3, epoch=0, batch=3, loss_sum=1.5)
+    assert state == loop.TrainState(step=3, epoch=0, batch=3, loss_sum=1.5)
     assert not list(path.parent.glob("*.tmp"))  # written under a temporary name, then renamed
 
 
 def test_resume_refuses_other_config_with_one_line(tmp_path):
     cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
     path = checkpoint.Checkpointer(tmp_path / "f", cfg, None).save(
-        train.build(cfg), train.TrainState(step=1)
+        train.build(cfg), loop.TrainState(step=1)
     )
     other = config.load(small(tmp_path, "trainer.max_steps=2", "optimizer.lr=0.01"))
     with pytest.raises(ConfigError) as err:
@@ -123,19 +132,20 @@ def test_resume_refuses_other_config_with_one_line(tmp_path):
 
 def test_resume_choices(tmp_path, store):
     cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
-    assert checkpoint.locate(cfg, "auto", None)[0] is None  # nothing yet: start afresh
-    with pytest.raises(ConfigError, match="no run 0123abcd in the configured store"):
-        checkpoint.locate(cfg, "0123abcd", store)
+    assert checkpoint.locate(cfg, "auto")[0] is None  # nothing yet: start afresh
+    assert not checkpoint.is_path("0123abcd")  # a run id: the job looks it up in the store
+    with pytest.raises(ConfigError, match="run 0123abcd has no checkpoint"):
+        checkpoint.newest_of_run("0123abcd", None)
     with pytest.raises(ConfigError, match="no such file"):
-        checkpoint.locate(cfg, str(tmp_path / "nope.pt"), None)
+        checkpoint.locate(cfg, str(tmp_path / "nope.pt"))
     folder = checkpoint.folder_for(cfg, "run1")
     ckpts = checkpoint.Checkpointer(folder, cfg, "run1")
-    first = ckpts.save(train.build(cfg), train.TrainState(step=1))
-    assert checkpoint.locate(cfg, "auto", None)[0] == first
-    assert checkpoint.locate(cfg, str(folder), None)[0] == first  # a folder: its newest
+    first = ckpts.save(train.build(cfg), loop.TrainState(step=1))
+    assert checkpoint.locate(cfg, "auto")[0] == first
+    assert checkpoint.locate(cfg, str(folder))[0] == first  # a folder: its newest
     time.sleep(0.01)
-    ckpts.save(train.build(cfg), train.TrainState(step=2), complete=True)
-    assert checkpoint.locate(cfg, "auto", None)[0] is None  # newest ended its run
+    ckpts.save(train.build(cfg), loop.TrainState(step=2), complete=True)
+    assert checkpoint.locate(cfg, "auto")[0] is None  # newest ended its run
 
 
 def test_resume_by_run_id_continues_the_same_run(tmp_path, store):

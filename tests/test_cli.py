@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 from conftest import run_cli
 
-from ampsweep import cli, tracking
+from ampsweep.app import cli
+from ampsweep.app import train as train_cmd
+from ampsweep.tracking import store as mlflow_store
 
 
 def runs_in(store: str):
-    client = tracking.client_for(store)
+    client = mlflow_store.client_for(store)
     exps = [e.experiment_id for e in client.search_experiments()]
     return client.search_runs(exps) if exps else []
 
@@ -94,7 +96,7 @@ def test_train_end_to_end(tmp_path, store, quick):
     assert "fp32-mlp-digits finished" in proc.stdout
     (run,) = runs_in(store)
     assert run.info.status == "FINISHED"
-    client = tracking.client_for(store)
+    client = mlflow_store.client_for(store)
     hydra = {a.path for a in client.list_artifacts(run.info.run_id, ".hydra")}
     assert {".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml"} <= hydra
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {
@@ -126,7 +128,7 @@ def test_no_arguments_prints_usage(capsys):
 
 
 def test_split_train_args():
-    overrides, flags, bare = cli.split_train_args(
+    overrides, flags, bare = train_cmd.split_train_args(
         ["-m", "precision=fp32,fp16", "--config-name", "other", "-cp=/x", "model=mlp"]
     )
     assert overrides == ["precision=fp32,fp16", "model=mlp"]
@@ -145,13 +147,13 @@ def test_split_train_args():
 def test_a_run_that_breaks_is_ended_not_left_running(
     raised, code, status, line, tmp_path, store, quick, capsys, monkeypatch
 ):
-    from ampsweep import train
+    from ampsweep.engine import loop
 
     def broken(*args, **kwargs):
         raise raised
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train, "fit", broken)
+    monkeypatch.setattr(loop, "fit", broken)
     assert cli.main(["train", *quick, "model=mlp", f"tracking.uri={store}"]) == code
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines() == [line]

@@ -11,7 +11,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from ampsweep import config
+from ampsweep.config import compose as config
 from tests.conftest import REPO
 
 TINY = [

@@ -7,8 +7,9 @@ from dataclasses import fields, is_dataclass
 import pytest
 from omegaconf import OmegaConf
 
-from ampsweep import config
-from ampsweep.schema import Config, ConfigError, Mode
+from ampsweep.config import compose as config
+from ampsweep.config.schema import Config, ConfigError, Schema
+from ampsweep.engine.build import resolve
 
 CONF = config.config_dir()
 GROUPS = ["precision", "model", "dataset", "optimizer", "trainer", "tracking"]
@@ -38,7 +39,7 @@ def test_every_group_option_composes(group, option):
     if group in NAME_KEY:
         # The option file selects what its name says (a copy-paste slip would not).
         value = getattr(getattr(cfg, group), NAME_KEY[group])
-        assert value.name == option
+        assert getattr(value, "name", value) == option
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -51,10 +52,10 @@ def test_every_experiment_composes(experiment):
 
 def test_defaults():
     cfg = config.load([])
-    assert cfg.precision.name == Mode.auto
-    assert cfg.model.name.name == "cnn"
-    assert cfg.dataset.name.name == "digits"
-    assert cfg.optimizer.name.name == "adamw"
+    assert cfg.precision.name == "auto"
+    assert cfg.model.name == "cnn"
+    assert cfg.dataset.name == "digits"
+    assert cfg.optimizer.name == "adamw"
     assert cfg.tracking.backend.name == "mlflow"
     assert "hydra" not in config.flatten(cfg)
 
@@ -110,7 +111,7 @@ def test_validate_command_checks_every_job_of_a_sweep():
     with pytest.raises(ConfigError, match="trainer.batch_size=0"):
         config.validate_command(["trainer.batch_size=32,0"], multirun=True)
     jobs = config.validate_command(["precision=fp32,bf16", "model=mlp,cnn"], multirun=True)
-    assert [(c.precision.name.name, c.model.name.name) for c in jobs] == [
+    assert [(c.precision.name, c.model.name) for c in jobs] == [
         ("fp32", "mlp"),
         ("fp32", "cnn"),
         ("bf16", "mlp"),
@@ -125,18 +126,21 @@ def _leaf_paths(node, prefix=""):
         value = getattr(node, f.name)
         if is_dataclass(value):
             yield from _leaf_paths(value, f"{prefix}{f.name}.")
+        elif f.name == "args":  # a component's own settings sit beside its shared keys
+            yield from (f"{prefix}{k}" for k in value)
         else:
             yield f"{prefix}{f.name}"
 
 
 def test_flatten_has_every_leaf_as_a_string():
-    cfg = config.load(["precision=fp16", "precision.scaler.init_scale=512"])
+    cfg = resolve(config.load(["precision=fp16", "precision.scaler.init_scale=512"]))
     flat = config.flatten(cfg)
     assert set(flat) == set(_leaf_paths(cfg))
+    assert flat["model.width"] == "32"  # model.args.width, as the user writes it
     assert all(isinstance(v, str) for v in flat.values())
     assert flat["precision.name"] == "fp16"  # Enums by name: the spelling users type
     assert flat["precision.scaler.init_scale"] == "512.0"
-    assert flat["precision.scaler.enabled"] == "null"  # None
+    assert flat["precision.scaler.enabled"] == "True"  # resolved: fp16 has a scaler
     assert flat["optimizer.betas"] == "[0.9, 0.999]"  # a list stays one param
     assert flat["trainer.batch_size"] == "64"
 
@@ -150,9 +154,9 @@ def test_flatten_of_a_plain_dict():
 
 
 def test_to_yaml_round_trips():
-    cfg = config.load(["precision=bf16", "model=mlp", "trainer.epochs=3"])
-    back = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(config.to_yaml(cfg)))
+    cfg = resolve(config.load(["precision=bf16", "model=mlp", "trainer.epochs=3"]))
+    back = config.to_config(
+        OmegaConf.merge(OmegaConf.structured(Schema), OmegaConf.create(config.to_yaml(cfg)))
     )
     assert back == cfg
 

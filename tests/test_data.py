@@ -1,9 +1,10 @@
-"""data.py: each loader reads files written here in the real formats; batches are seeded."""
+"""engine/data: each loader reads files written here in the real formats; batches are seeded."""
 
 from __future__ import annotations
 
 import pickle
 import struct
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from ampsweep import data
-from ampsweep.schema import ConfigError, DatasetConfig, DatasetName, Preload
+from ampsweep.config.schema import ConfigError, DatasetConfig, Preload
+from ampsweep.engine import data
+from ampsweep.engine.data import images
+from ampsweep.engine.data.batches import Augment, Batches
 
 CPU = torch.device("cpu")
 RNG = np.random.default_rng(0)
@@ -55,8 +58,18 @@ def images_3x32(n: int) -> np.ndarray:
     return RNG.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
 
 
-def dataset(name: str, root: Path | str = "data", **kw) -> DatasetConfig:
-    return DatasetConfig(name=DatasetName[name], root=str(root), **kw)
+SHARED = {f.name for f in fields(DatasetConfig)}
+
+
+def dataset(name: str, root: Path | str | None = None, **kw) -> DatasetConfig:
+    """A data set's config: the shared keys typed, its loader's own settings as ``args``."""
+    builder = data.DATASETS.lookup(name)
+    own = {k: v for k, v in kw.items() if k not in SHARED}
+    if root is not None:
+        own["root"] = str(root)
+    args, problems = builder.resolve(own)
+    assert not problems, problems
+    return DatasetConfig(name=name, args=args, **{k: v for k, v in kw.items() if k in SHARED})
 
 
 # ---------------------------------------------------------------- torchvision formats
@@ -70,7 +83,7 @@ def test_mnist_like_reads_idx_files(tmp_path, name, cls):
     (x_train, y_train), (x_val, y_val) = splits.train, splits.val
     assert x_train.shape == (12, 1, 28, 28) and x_val.shape == (6, 1, 28, 28)
     assert y_train.tolist() == yt.tolist() and y_val.tolist() == yv.tolist()
-    mean, std = data.STATS[DatasetName[name]]
+    mean, std = {"mnist": images.MNIST_STATS, "fashion_mnist": images.FASHION_MNIST_STATS}[name]
     expected = (xt[3, 5, 7] / 255.0 - mean[0]) / std[0]
     assert x_train[3, 0, 5, 7].item() == pytest.approx(expected, abs=1e-5)
 
@@ -92,7 +105,7 @@ def test_cifar10_reads_pickled_batches(tmp_path):
     assert x.shape == (15, 3, 32, 32) and y.tolist() == train_labels
     assert splits.val[1].tolist() == test_labels
     # Channel-major planes: the green plane of image 4 (batch 2, second image) at row 2, col 9.
-    mean, std = data.STATS[DatasetName.cifar10]
+    mean, std = images.CIFAR10_STATS
     expected = (train_images[1][1, 1, 2, 9] / 255.0 - mean[1]) / std[1]
     assert x[4, 1, 2, 9].item() == pytest.approx(expected, abs=1e-5)
 
@@ -167,10 +180,10 @@ def test_imagefolder_errors(tmp_path):
 def test_imagefolder_preload_true_and_false_give_the_same_batches(tmp_path):
     make_image_folder(tmp_path / "images")
     splits = data.load(dataset("imagefolder", tmp_path / "images", image_size=8))
-    streamed = data.Batches(
+    streamed = Batches(
         splits.train, 4, CPU, torch.float32, shuffle=True, drop_last=True, seed=3, preload=False
     )
-    loaded = data.Batches(
+    loaded = Batches(
         data.materialise(splits.train), 4, CPU, torch.float32, shuffle=True, drop_last=True,
         seed=3, preload=True,
     )  # fmt: skip
@@ -192,10 +205,10 @@ def test_digits_split_is_fixed_by_split_seed():
 
 
 def test_split_is_disjoint_and_complete():
-    train, val = data._split(1797, 0.2, seed=0)
+    train, val = images.split_indices(1797, 0.2, seed=0)
     assert not set(train) & set(val)
     assert sorted([*train, *val]) == list(range(1797))
-    assert np.array_equal(data._split(1797, 0.2, seed=0)[1], val)
+    assert np.array_equal(images.split_indices(1797, 0.2, seed=0)[1], val)
 
 
 def test_synthetic_is_deterministic_and_learnable():
@@ -228,13 +241,13 @@ def indexed_split(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def batches(split=None, seed: int = 0, preload: bool = True, augment=None, bs: int = 8):
-    return data.Batches(
+    return Batches(
         split or indexed_split(), bs, CPU, torch.float32, shuffle=True, drop_last=True,
         seed=seed, preload=preload, augment=augment,
     )  # fmt: skip
 
 
-def order(b: data.Batches, epoch: int, start: int = 0) -> list[int]:
+def order(b: Batches, epoch: int, start: int = 0) -> list[int]:
     return [i for _, y in b.epoch(epoch, start) for i in y.tolist()]
 
 
@@ -253,7 +266,7 @@ def test_start_resumes_mid_epoch():
 
 def test_start_resumes_mid_epoch_with_augmentation():
     # Resuming must give the same images as the uninterrupted epoch, augmentation included.
-    aug = data.Augment(padding=1, flip=True)
+    aug = Augment(padding=1, flip=True)
     b = batches(split=(torch.randn(40, 2, 5, 5), torch.arange(40)), seed=1, augment=aug)
     full = [x for x, _ in b.epoch(1)]
     resumed = [x for x, _ in b.epoch(1, start=2)]
@@ -265,22 +278,22 @@ def test_start_resumes_mid_epoch_with_augmentation():
 def test_augmentation_keeps_shapes_and_changes_images():
     split = (torch.randn(40, 3, 6, 6), torch.arange(40))
     plain = [x for x, _ in batches(split).epoch(0)]
-    augmented = [x for x, _ in batches(split, augment=data.Augment(padding=2, flip=True)).epoch(0)]
+    augmented = [x for x, _ in batches(split, augment=Augment(padding=2, flip=True)).epoch(0)]
     assert all(a.shape == p.shape == (8, 3, 6, 6) for a, p in zip(augmented, plain, strict=True))
     assert any(not torch.equal(a, p) for a, p in zip(augmented, plain, strict=True))
-    again = [x for x, _ in batches(split, augment=data.Augment(padding=2, flip=True)).epoch(0)]
+    again = [x for x, _ in batches(split, augment=Augment(padding=2, flip=True)).epoch(0)]
     assert all(torch.equal(a, b) for a, b in zip(augmented, again, strict=True))
 
 
 def test_flip_only_mirrors():
     x = torch.randn(64, 1, 3, 5)
-    out = data.Augment(flip=True)(x, torch.Generator().manual_seed(0))
+    out = Augment(flip=True)(x, torch.Generator().manual_seed(0))
     same = (out == x).flatten(1).all(1)
     mirrored = (out == x.flip(3)).flatten(1).all(1)
     assert bool((same | mirrored).all()) and mirrored.any() and same.any()
 
 
-@pytest.mark.parametrize("augment", [None, data.Augment(padding=1, flip=True)])
+@pytest.mark.parametrize("augment", [None, Augment(padding=1, flip=True)])
 def test_preload_true_and_false_give_the_same_batches(augment):
     split = (torch.randn(40, 2, 5, 5), torch.arange(40))
     on = batches(split, preload=True, augment=augment)
@@ -290,7 +303,7 @@ def test_preload_true_and_false_give_the_same_batches(augment):
 
 
 def test_validation_batches_keep_the_tail():
-    b = data.Batches(
+    b = Batches(
         indexed_split(10), 4, CPU, torch.float32, shuffle=False, drop_last=False, seed=0,
         preload=True,
     )  # fmt: skip
@@ -301,7 +314,7 @@ def test_should_preload():
     cfg = dataset("digits")
     in_memory = data.load(cfg)
     assert data.should_preload(cfg, in_memory)
-    cfg.preload = Preload.false
+    cfg.preload = Preload.false.value
     assert not data.should_preload(cfg, in_memory)
 
 

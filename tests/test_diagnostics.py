@@ -7,9 +7,12 @@ import csv
 import pytest
 import torch
 
-from ampsweep import config, train
-from ampsweep.diagnostics import COUNTS, Diagnostics, _counts, finding
-from ampsweep.schema import DiagnosticsConfig
+from ampsweep.config import compose as config
+from ampsweep.config.schema import DiagnosticsConfig
+from ampsweep.engine import build as train
+from ampsweep.engine import loop
+from ampsweep.measure.diagnostics import COUNTS, Diagnostics, _counts
+from ampsweep.report.findings import underflow_finding as finding
 
 DEMO = ["experiment=underflow_demo", "tracking=none", "trainer.progress=false"]
 
@@ -53,7 +56,7 @@ def run(mode: str, extra: list[str]):
     cfg = config.load([*DEMO, f"precision={mode}", *extra])
     setup = train.build(cfg)
     logged: list[tuple[int, dict]] = []
-    summary = train.fit(setup, lambda m, step: logged.append((step, m)))
+    summary = loop.fit(setup, lambda m, step: logged.append((step, m)))
     diag = [(step, m) for step, m in logged if "amp/grad_underflow_frac" in m]
     return summary, diag, setup
 
@@ -101,7 +104,7 @@ def test_per_layer_tables_are_written(tmp_path, quick):
 def test_the_run_records_the_table_as_artifacts(store, quick):
     from mlflow import MlflowClient
 
-    from ampsweep.runner import run_job
+    from ampsweep.app.job import run_job
 
     cfg = config.load([*quick, f"tracking.uri={store}", "precision=fp16", "diagnostics.every=2"])
     outcome = run_job(cfg)

@@ -11,7 +11,8 @@ import textwrap
 import pytest
 import torch
 
-from ampsweep import data, distributed
+from ampsweep.engine import distributed
+from ampsweep.engine.data import batches as data
 from tests.conftest import REPO, run_cli
 
 # ---------------------------------------------------------------- sharding (fast)
@@ -56,7 +57,7 @@ def test_validation_shards_cover_the_split_once():
 
 
 def test_too_small_shard_names_the_key():
-    from ampsweep.schema import ConfigError
+    from ampsweep.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"trainer.batch_size=8 .*4 per process for 2"):
         _batches(9, 8, 0, 2)
@@ -77,13 +78,15 @@ def test_rank_from_env_and_rank_overrides():
 WORKER = textwrap.dedent(
     """
     import json, sys, torch
-    from ampsweep import config, distributed, train
+    from ampsweep.config import compose as config
+    from ampsweep.engine import build as train
+    from ampsweep.engine import distributed, loop
     overrides, out = json.loads(sys.argv[1]), sys.argv[2]
     rank = distributed.from_env()
     distributed.init(rank, "cpu")
     cfg = config.load(overrides)
     setup = train.build(cfg)
-    summary = train.fit(setup, lambda m, s: None)
+    summary = loop.fit(setup, lambda m, s: None)
     state = distributed.unwrap(setup.model).state_dict()
     torch.save({"state": state, "summary": summary}, f"{out}/rank{rank.rank}.pt")
     distributed.shutdown(wait_for_all=True)
@@ -131,10 +134,12 @@ def test_two_ranks_equal_each_other_and_one_process_with_the_global_batch(tmp_pa
         assert torch.equal(value, r1["state"][key]), key  # DDP keeps replicas bit-identical
 
     # One process, batch 32 = 2 ranks x 16: the same samples per step, the same updates.
-    from ampsweep import config, train
+    from ampsweep.config import compose as config
+    from ampsweep.engine import build as train
+    from ampsweep.engine import loop
 
     setup = train.build(config.load([*EXACT, "trainer.batch_size=32"]))
-    single = train.fit(setup, lambda m, s: None)
+    single = loop.fit(setup, lambda m, s: None)
     # Tolerance: only the order of float additions differs (two means averaged by all_reduce
     # against one mean over 32), about 1e-7 relative per step, over 12 SGD steps.
     for key, value in setup.model.state_dict().items():

@@ -5,15 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampsweep import config, flops, train
-from ampsweep.precision import build_policy
-from ampsweep.schema import Mode, PrecisionConfig
+from ampsweep.config import compose as config
+from ampsweep.engine import build as train
+from ampsweep.engine import loop
+from ampsweep.measure import flops
+from ampsweep.precision.modes import PrecisionConfig
+from ampsweep.precision.policy import build_policy
 
 CPU = torch.device("cpu")
 
 
 def policy(mode: str):
-    return build_policy(PrecisionConfig(name=Mode[mode]), CPU)
+    return build_policy(PrecisionConfig(name=mode), CPU)
 
 
 def test_train_step_flops_of_a_linear_layer_match_the_formula():
@@ -78,7 +81,7 @@ def test_peaks_are_dense_and_per_dtype():
 
 
 def test_math_kind_follows_the_mode():
-    assert [flops.math_kind(policy(m)) for m in ("fp32", "fp16", "bf16", "bf16_pure")] == [
+    assert [policy(m).mode.flop_kind for m in ("fp32", "fp16", "bf16", "bf16_pure")] == [
         "fp32",
         "fp16",
         "bf16",
@@ -94,7 +97,7 @@ def test_speed_metrics_on_cpu_have_tflops_but_no_mfu():
 
 def test_a_run_records_tflops(quick):
     cfg = config.load([*quick, "tracking=none", "precision=fp32"])
-    summary = train.fit(train.build(cfg), lambda m, s: None)
+    summary = loop.fit(train.build(cfg), lambda m, s: None)
     expected = summary["perf/gflops_per_step"] * 1e9 / (summary["perf/step_time_ms"] / 1e3)
     assert summary["perf/tflops"] == pytest.approx(expected / 1e12)
     assert summary["perf/gflops_per_step"] > 0 and "perf/mfu" not in summary

@@ -1,4 +1,4 @@
-"""precision.py: what each mode does to dtypes, the scaler and the global TF32 state."""
+"""precision/policy: what each mode does to dtypes, the scaler and the global TF32 state."""
 
 from __future__ import annotations
 
@@ -7,15 +7,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ampsweep import config
-from ampsweep.precision import (
+from ampsweep.config import compose as config
+from ampsweep.config.schema import ConfigError
+from ampsweep.precision.modes import MODES
+from ampsweep.precision.policy import (
     StaticGradScaler,
     build_policy,
     found_inf,
     set_tf32,
     tf32_enabled,
 )
-from ampsweep.schema import ConfigError, Mode
 
 CPU = torch.device("cpu")
 
@@ -119,7 +120,7 @@ def test_every_mode_sets_tf32_off_both_ways(mode):
 def test_tf32_policy_turns_tf32_on_and_fp32_turns_it_off():
     fp32 = policy_for("precision=fp32")
     # The tf32 mode refuses CPU, so its flag-setting is checked on a policy built directly.
-    replace(fp32, mode=Mode.tf32, tf32=True).set_global_state()
+    replace(fp32, mode=MODES["tf32"]).set_global_state()
     assert tf32_enabled() == (True, True)
     fp32.set_global_state()
     assert tf32_enabled() == (False, False)
@@ -127,9 +128,9 @@ def test_tf32_policy_turns_tf32_on_and_fp32_turns_it_off():
 
 def test_auto_is_fp32_on_cpu():
     policy = policy_for("precision=auto")
-    assert policy.mode == Mode.fp32
+    assert policy.mode == MODES["fp32"]
     resolved = policy.resolved_config(config.load([]).precision)
-    assert resolved.name == Mode.fp32
+    assert resolved.name == "fp32"
     assert resolved.dtype.name == "fp32"
     assert (resolved.autocast, resolved.pure, resolved.tf32) == (False, False, False)
     assert resolved.scaler.enabled is False
@@ -226,7 +227,7 @@ def test_cuda_matmul_dtype(mode):
 @pytest.mark.gpu
 def test_auto_on_cuda_is_half():
     policy = policy_for("precision=auto", device=torch.device("cuda"))
-    expected = Mode.bf16 if torch.cuda.is_bf16_supported() else Mode.fp16
+    expected = MODES["bf16" if torch.cuda.is_bf16_supported() else "fp16"]
     assert policy.mode == expected
 
 
@@ -242,4 +243,4 @@ def test_bf16_refused_on_a_gpu_without_it(monkeypatch):
         assert f"precision={mode}" in message and "Tesla T4" in message
         assert "precision=fp16" in message
     # ... and auto picks the scaled fp16 mode there.
-    assert policy_for("precision=auto", device=cuda).mode == Mode.fp16
+    assert policy_for("precision=auto", device=cuda).mode == MODES["fp16"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ampsweep import config, train
-from ampsweep.schema import ConfigError
+from ampsweep.config import compose as config
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine import build as train
 
 
 @pytest.mark.parametrize("value, preloaded", [("true", True), ("false", False), ("auto", True)])

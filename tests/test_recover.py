@@ -7,9 +7,11 @@ import pytest
 import torch
 from conftest import run_cli
 
-from ampsweep import config, runner, tracking
-from ampsweep.divergence import NonfiniteWatch
-from ampsweep.precision import StaticGradScaler
+from ampsweep.app import job as runner
+from ampsweep.config import compose as config
+from ampsweep.measure.divergence import NonfiniteWatch
+from ampsweep.precision.policy import StaticGradScaler
+from ampsweep.tracking import secrets
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +22,7 @@ def in_tmp(tmp_path, monkeypatch):
 def test_watch_ignores_a_scaler_still_lowering_its_scale():
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
-    watch = NonfiniteWatch(3, 1.0, scaler, torch.device("cpu"))
+    watch = NonfiniteWatch(3, 1.0, scaler)
     nan, skipped = torch.tensor(float("nan")), torch.tensor(1.0)
     for scale in (4.0, 2.0, 1.0, 0.5, 0.25):  # backing off: only scales below 1.0 count
         scaler._scale.fill_(scale)
@@ -31,7 +33,7 @@ def test_watch_ignores_a_scaler_still_lowering_its_scale():
     watch.observe(nan, skipped, scaler)
     with pytest.raises(Exception, match="non-finite for 3 consecutive steps"):
         watch.check(6)
-    static = NonfiniteWatch(2, 1.0, StaticGradScaler("cpu", init_scale=8.0), torch.device("cpu"))
+    static = NonfiniteWatch(2, 1.0, StaticGradScaler("cpu", init_scale=8.0))
     static.observe(torch.tensor(1.0), skipped, None)  # a static scale never recovers: counts
     static.observe(torch.tensor(1.0), torch.tensor(0.0), None)  # a clean step resets
     assert static.count() == 0
@@ -61,7 +63,7 @@ def test_secrets_from_the_environment_are_masked(store, quick, monkeypatch, caps
     monkeypatch.setenv("MY_API_TOKEN", secret)
     monkeypatch.setenv("DB_PASSWORD", "hunter22")
     monkeypatch.setenv("SHORT_KEY", "1")  # too short to mask: it would hit every "1"
-    masked = tracking.mask_secrets({"a": f"https://u:{secret}@host", "b": "hunter22", "c": 1})
+    masked = secrets.mask_values({"a": f"https://u:{secret}@host", "b": "hunter22", "c": 1})
     assert masked == {"a": "https://u:***@host", "b": "***", "c": "1"}
     cfg = config.load(
         [*quick, f"tracking.uri={store}", "tracking.run_name=run-${oc.env:MY_API_TOKEN}"]

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from ampsweep import tracking
+from ampsweep.tracking import store as mlflow_store
 
 
 def _runs(store: str):
-    client = tracking.client_for(store)
+    client = mlflow_store.client_for(store)
     exp = client.get_experiment_by_name("ampsweep")
     runs = client.search_runs([exp.experiment_id], max_results=100)
     parents = [r for r in runs if r.data.tags.get("ampsweep.sweep") == "true"]
-    kids = [r for r in runs if tracking.PARENT_TAG in r.data.tags]
+    kids = [r for r in runs if mlflow_store.PARENT in r.data.tags]
     return client, parents, kids
 
 
@@ -27,7 +27,9 @@ def test_each_job_starts_from_clean_global_state(store, quick, tmp_path, monkeyp
     import mlflow
     import torch
 
-    from ampsweep import config, precision, runner
+    from ampsweep.app import job as runner
+    from ampsweep.config import compose as config
+    from ampsweep.precision import policy as precision
 
     monkeypatch.chdir(tmp_path)  # artifacts go under ./outputs
     cfg = config.load(["precision=fp32", f"tracking.uri={store}", *quick])
@@ -67,7 +69,7 @@ def test_three_mode_sweep_makes_one_parent_with_nested_children_and_a_report(
     assert tags["command"].startswith("ampsweep train -m precision=fp32,fp16,bf16")
     assert (tmp_path / "outputs" / "multirun").resolve() in Path(tags["sweep_dir"]).parents
     assert (tags["jobs_total"], tags["jobs_finished"], tags["jobs_failed"]) == ("3", "3", "0")
-    assert {k.data.tags[tracking.PARENT_TAG] for k in kids} == {parent.info.run_id}
+    assert {k.data.tags[mlflow_store.PARENT] for k in kids} == {parent.info.run_id}
     by_name = {k.info.run_name: k for k in kids}
     assert set(by_name) == {"fp32-cnn-digits", "fp16-cnn-digits", "bf16-cnn-digits"}
     assert all(k.info.status == "FINISHED" for k in kids)
@@ -141,7 +143,7 @@ def test_jobs_in_other_processes_join_the_parent(tmp_path, store, quick):
         "fp32-cnn-digits": "FINISHED",
         "bf16-cnn-digits": "FINISHED",
     }
-    assert {k.data.tags[tracking.PARENT_TAG] for k in kids} == {parents[0].info.run_id}
+    assert {k.data.tags[mlflow_store.PARENT] for k in kids} == {parents[0].info.run_id}
 
 
 def test_report_says_what_is_missing_in_one_line(tmp_path, store):
@@ -162,7 +164,7 @@ def test_a_sweep_whose_launcher_died_is_ended_by_the_next_launch(store):
 
     from mlflow import MlflowClient
 
-    from ampsweep import sweep
+    from ampsweep.tracking import sweep
 
     client = MlflowClient(store)
     exp = client.create_experiment("orphans")
@@ -172,7 +174,11 @@ def test_a_sweep_whose_launcher_died_is_ended_by_the_next_launch(store):
     dead_pid = gone.stdout.strip()  # that process has exited
 
     def parent(host: str, pid: str) -> str:
-        tags = {"ampsweep.sweep": "true", sweep.LAUNCHER_HOST: host, sweep.LAUNCHER_PID: pid}
+        tags = {
+            "ampsweep.sweep": "true",
+            mlflow_store.LAUNCHER_HOST: host,
+            mlflow_store.LAUNCHER_PID: pid,
+        }
         return client.create_run(exp, tags=tags).info.run_id
 
     orphan = parent(socket.gethostname(), dead_pid)

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ampsweep import config, runner, tracking, train
-from ampsweep.schema import ConfigError
+from ampsweep.app import job as runner
+from ampsweep.config import compose as config
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine import loop
+from ampsweep.tracking import store as mlflow_store
 
 METRICS_CPU = {
     "train/loss",
@@ -46,13 +49,13 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def run(store: str, quick: list[str], *overrides: str) -> runner.JobOutcome:
+def run(store: str, quick: list[str], *overrides: str, command=None) -> runner.JobOutcome:
     cfg = config.load([*quick, f"tracking.uri={store}", *overrides])
-    return runner.run_job(cfg)
+    return runner.run_job(cfg, command=command)
 
 
 def all_runs(store: str):
-    client = tracking.client_for(store)
+    client = mlflow_store.client_for(store)
     exps = [e.experiment_id for e in client.search_experiments()]
     return client.search_runs(exps) if exps else []
 
@@ -60,7 +63,7 @@ def all_runs(store: str):
 def test_a_run_records_every_metric_param_tag_and_artifact(in_tmp, store, quick):
     outcome = run(store, quick, "precision=fp16")
     assert outcome.status == "FINISHED" and outcome.exit_code == 0
-    client = tracking.client_for(store)
+    client = mlflow_store.client_for(store)
     r = client.get_run(outcome.run_id)
     assert r.info.status == "FINISHED"
     assert r.info.run_name == "fp16-cnn-digits"
@@ -110,7 +113,7 @@ def test_a_run_records_every_metric_param_tag_and_artifact(in_tmp, store, quick)
 
 def test_auto_records_the_resolved_mode(in_tmp, store, quick):
     outcome = run(store, quick, "model=mlp")
-    r = tracking.client_for(store).get_run(outcome.run_id)
+    r = mlflow_store.client_for(store).get_run(outcome.run_id)
     assert r.data.params["precision.name"] == "fp32"
     assert r.data.tags["precision"] == "fp32"
     assert r.info.run_name == "fp32-mlp-digits"
@@ -119,17 +122,17 @@ def test_auto_records_the_resolved_mode(in_tmp, store, quick):
 
 def test_run_name_override(in_tmp, store, quick):
     outcome = run(store, quick, "model=mlp", "tracking.run_name=mine")
-    assert tracking.client_for(store).get_run(outcome.run_id).info.run_name == "mine"
+    assert mlflow_store.client_for(store).get_run(outcome.run_id).info.run_name == "mine"
 
 
 def test_a_failing_run_is_failed_with_its_error_tag(in_tmp, store, quick, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(train, "fit", broken)
+    monkeypatch.setattr(loop, "fit", broken)
     outcome = run(store, quick, "model=mlp")
     assert outcome.status == "FAILED" and outcome.exit_code == runner.EXIT_FAILED
-    r = tracking.client_for(store).get_run(outcome.run_id)
+    r = mlflow_store.client_for(store).get_run(outcome.run_id)
     assert r.info.status == "FAILED"
     assert r.data.tags["error"] == "RuntimeError: boom second line"  # one line
 
@@ -138,13 +141,14 @@ def test_ctrl_c_ends_the_run_killed(in_tmp, store, quick, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train, "fit", interrupted)
+    monkeypatch.setattr(loop, "fit", interrupted)
+    command = runner.CommandContext()
     with pytest.raises(KeyboardInterrupt):
-        run(store, quick, "model=mlp")
+        run(store, quick, "model=mlp", command=command)
     (r,) = all_runs(store)
     assert r.info.status == "KILLED"
-    assert runner.OUTCOMES[-1].status == "KILLED"
-    assert runner.OUTCOMES[-1].exit_code == runner.EXIT_KILLED
+    assert command.outcomes[-1].status == "KILLED"
+    assert command.outcomes[-1].exit_code == runner.EXIT_KILLED
 
 
 def test_a_config_the_hardware_or_data_refuses_leaves_no_run(in_tmp, store, quick):
@@ -168,14 +172,14 @@ def test_tracking_none_records_nothing(in_tmp, quick):
 
 
 def test_resolve_uri(in_tmp, monkeypatch):
-    assert tracking.resolve_uri(None) == f"sqlite:///{in_tmp.resolve()}/outputs/mlflow.db"
+    assert mlflow_store.resolve_uri(None) == f"sqlite:///{in_tmp.resolve()}/outputs/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////somewhere/else.db")
-    assert tracking.resolve_uri(None) == "sqlite:////somewhere/else.db"
-    assert tracking.resolve_uri("sqlite:////given.db") == "sqlite:////given.db"  # the key wins
+    assert mlflow_store.resolve_uri(None) == "sqlite:////somewhere/else.db"
+    assert mlflow_store.resolve_uri("sqlite:////given.db") == "sqlite:////given.db"  # the key wins
 
 
 def test_default_store_folder_is_created(in_tmp):
-    tracking.check_store(tracking.resolve_uri(None))
+    mlflow_store.check(mlflow_store.resolve_uri(None))
     assert (in_tmp / "outputs").is_dir()
 
 
@@ -190,13 +194,13 @@ def test_default_store_folder_is_created(in_tmp):
 )
 def test_check_store_errors(uri, words):
     with pytest.raises(ConfigError) as info:
-        tracking.check_store(uri)
+        mlflow_store.check(uri)
     message = str(info.value)
     assert message.startswith(f"tracking.uri={uri}: ") and words in message
     assert "\n" not in message
 
 
 def test_one_line():
-    assert tracking.one_line(ValueError("a\n  b")) == "ValueError: a b"
-    assert tracking.one_line(ConfigError("x=1: fix")) == "x=1: fix"
-    assert tracking.one_line(KeyError()) == "KeyError: KeyError"
+    assert mlflow_store.one_line(ValueError("a\n  b")) == "ValueError: a b"
+    assert mlflow_store.one_line(ConfigError("x=1: fix")) == "x=1: fix"
+    assert mlflow_store.one_line(KeyError()) == "KeyError: KeyError"

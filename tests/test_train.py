@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampsweep import config, data, train
-from ampsweep.metrics import SavedTensorMeter
-from ampsweep.precision import build_policy
+from ampsweep.config import compose as config
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine import build as train
+from ampsweep.engine import loop
+from ampsweep.engine.data import batches as data
+from ampsweep.measure.memory import SavedTensorMeter
+from ampsweep.precision.policy import build_policy
 
 CPU_MODES = ["fp32", "fp16", "fp16_static", "fp16_noscale", "bf16", "bf16_pure"]
 
@@ -18,7 +22,7 @@ def setup_for(quick, *overrides: str) -> train.Setup:
 
 def fit(setup: train.Setup) -> tuple[dict, list[tuple[int, dict]]]:
     logged: list[tuple[int, dict]] = []
-    summary = train.fit(setup, lambda metrics, step: logged.append((step, dict(metrics))))
+    summary = loop.fit(setup, lambda metrics, step: logged.append((step, dict(metrics))))
     return summary, logged
 
 
@@ -28,7 +32,7 @@ def test_a_few_steps_lower_the_loss(quick, mode):
         quick, f"precision={mode}", "trainer.max_steps=20", "trainer.log_every=1",
         "optimizer.lr=1e-2",
     )  # fmt: skip
-    before, _ = train.evaluate(s.model, s.val_batches, s.policy)
+    before, _ = loop.evaluate(s.model, s.val_batches, s.policy)
     summary, logged = fit(s)
     assert summary["train/steps"] == 20
     assert summary["val/loss"] < before - 0.2, (before, summary["val/loss"])
@@ -124,7 +128,7 @@ def test_evaluate_accuracy_and_loss():
         preload=True,
     )  # fmt: skip
     policy = build_policy(config.load(["precision=fp32"]).precision, torch.device("cpu"))
-    loss, acc = train.evaluate(torch.nn.Flatten(), batches, policy)
+    loss, acc = loop.evaluate(torch.nn.Flatten(), batches, policy)
     assert acc == pytest.approx(3 / 5)
     expected = torch.nn.functional.cross_entropy(logits, labels).item()
     assert loss == pytest.approx(expected, rel=1e-6)
@@ -165,7 +169,7 @@ def test_summary_holds_speed_and_memory(quick):
 
 
 def test_batch_larger_than_data_is_refused(quick):
-    with pytest.raises(train.ConfigError, match="trainer.batch_size=100000"):
+    with pytest.raises(ConfigError, match="trainer.batch_size=100000"):
         setup_for(quick, "trainer.batch_size=100000")
 
 
@@ -176,7 +180,7 @@ def test_a_few_steps_lower_the_loss_on_cuda(quick, mode):
         quick, f"precision={mode}", "trainer.device=cuda", "trainer.max_steps=20",
         "optimizer.lr=1e-2",
     )  # fmt: skip
-    before, _ = train.evaluate(s.model, s.val_batches, s.policy)
+    before, _ = loop.evaluate(s.model, s.val_batches, s.policy)
     summary, _ = fit(s)
     assert summary["val/loss"] < before - 0.2
     assert summary["mem/peak_allocated_mib"] > 0

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from conftest import REPO, run_cli
 
-from ampsweep import tracking
+from ampsweep.tracking import store as mlflow_store
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_ui_binds_localhost_and_links_the_classic_runs_view(served):
 
 
 def test_rest_search_returns_the_sweeps_runs(served):
-    client = tracking.client_for(served["store"])
+    client = mlflow_store.client_for(served["store"])
     exp_id = client.get_experiment_by_name("ampsweep").experiment_id
     body = json.dumps({"experiment_ids": [exp_id], "max_results": 100}).encode()
     req = urllib.request.Request(
@@ -96,7 +96,7 @@ def test_rest_search_returns_the_sweeps_runs(served):
     for x in runs:
         if x["info"]["run_id"] != pid:
             tags = {t["key"]: t["value"] for t in x["data"]["tags"]}
-            assert tags[tracking.PARENT_TAG] == pid
+            assert tags[mlflow_store.PARENT] == pid
 
 
 def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess:
@@ -111,7 +111,7 @@ def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
 def test_browser_renders_the_sweep_with_its_child_runs(served, tmp_path):
-    client = tracking.client_for(served["store"])
+    client = mlflow_store.client_for(served["store"])
     exp = client.get_experiment_by_name("ampsweep")
     parent = client.search_runs(
         [exp.experiment_id], filter_string="tags.`ampsweep.sweep` = 'true'"

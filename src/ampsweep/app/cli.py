@@ -1,0 +1,114 @@
+"""The ``ampsweep`` command: train, report, reproduce, ui.
+
+Kept light at import time: torch and mlflow are imported only by the subcommands that need
+them, so ``--help`` and config errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ampsweep import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ampsweep",
+        description="Measure what mixed precision buys on your model, data and hardware.",
+    )
+    parser.add_argument("--version", action="version", version=f"ampsweep {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser(
+        "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
+    )
+    from ampsweep.app import reproduce
+
+    reproduce.add_parser(sub)
+    store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
+    rep = sub.add_parser(
+        "report",
+        help="compare the precision modes of a sweep against fp32",
+        description="One row per run of a sweep, compared with the fp32 run of the same config, "
+        "and findings in plain words.",
+    )
+    rep.add_argument("--sweep", default="latest", help="'latest' (default) or a parent run id")
+    rep.add_argument("--experiment", help="look for the latest sweep only in this experiment")
+    rep.add_argument(
+        "--format", choices=["table", "markdown", "csv", "json"], default="table", dest="fmt"
+    )
+    rep.add_argument("--baseline", default="fp32", help="the mode to compare with (default fp32)")
+    rep.add_argument("--tracking-uri", help=store_help)
+    rep.set_defaults(func=cmd_report)
+    ui = sub.add_parser("ui", help="open the MLflow UI over ampsweep's store")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    ui.add_argument("--tracking-uri", help=store_help)
+    ui.set_defaults(func=cmd_ui)
+    return parser
+
+
+def _open_store(uri_arg: str | None):
+    """A client for an existing store (a report must not create an empty one)."""
+    from ampsweep.report.sweeps import ReportError
+    from ampsweep.tracking import store
+
+    uri = store.resolve_uri(uri_arg)
+    path = store.sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise ReportError(
+            f"no MLflow store at {store.describe(uri)}: run a sweep first "
+            "(ampsweep train -m experiment=precision_sweep), or pass --tracking-uri"
+        )
+    store.check(uri, key="--tracking-uri")
+    return store.client_for(uri)
+
+
+def cmd_report(args) -> int:
+    from ampsweep.app import console
+    from ampsweep.config.schema import ConfigError
+    from ampsweep.precision.modes import MODES
+    from ampsweep.report import render, sweeps
+
+    if args.baseline not in MODES:
+        choices = ", ".join(MODES)
+        console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {choices}")
+        return 2
+    try:
+        client = _open_store(args.tracking_uri)
+        parent = sweeps.find_sweep(client, args.sweep, args.experiment)
+        sweep, runs = sweeps.load_sweep(client, parent)
+    except (sweeps.ReportError, ConfigError) as err:
+        console.error(str(err))
+        return 2
+    rep = sweeps.make_report(sweep, runs, args.baseline)
+    text = render.render(rep, args.fmt)
+    if text is not None:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from ampsweep.app import console, ui
+    from ampsweep.config.schema import ConfigError
+    from ampsweep.tracking import store
+
+    try:
+        return ui.serve(store.resolve_uri(args.tracking_uri), args.host, args.port)
+    except (ui.UIError, ConfigError) as err:
+        console.error(str(err))
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    if argv[0] == "train":
+        from ampsweep.app.train import cmd_train
+
+        return cmd_train(argv[1:])
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,108 @@
+"""What a run shows at the console: a progress bar per epoch, then a summary."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False)
+
+
+@contextlib.contextmanager
+def quiet_unless_main(is_main: bool):
+    """Ranks other than 0 print nothing but errors (the user reads one run's console)."""
+    saved = console.quiet
+    console.quiet = not is_main or saved
+    try:
+        yield
+    finally:
+        console.quiet = saved
+
+
+def error(message: str) -> None:
+    """One line on stderr, no traceback."""
+    errors.print(f"[bold red]error:[/] {message}", soft_wrap=True, markup=True)
+
+
+def progress_bar(wanted: bool):
+    """A progress bar when wanted and the console is a terminal, else one that shows nothing
+    (a bar redrawn into a log file is noise)."""
+    from ampsweep.engine.loop import NoProgress
+
+    return EpochProgress() if wanted and sys.stdout.isatty() else NoProgress()
+
+
+class EpochProgress:
+    """One bar per epoch: steps done, the latest loss, step time and loss scale."""
+
+    def __init__(self):
+        self._progress: Progress | None = None
+        self._task = None
+        self._offset = 0
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
+        self._progress = Progress(
+            TextColumn(f"epoch {epoch + 1}/{epochs}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("train", total=steps, info="")
+        self._offset = epoch * steps
+
+    def update(self, step: int, metrics: dict, step_ms: float | None) -> None:
+        if not self._progress:
+            return
+        info = f"loss {metrics['train/loss']:.4f}"
+        if step_ms is not None:
+            info += f"  {step_ms:.1f} ms/step"
+        if "amp/loss_scale" in metrics:
+            info += f"  scale {metrics['amp/loss_scale']:g}"
+        self._progress.update(self._task, completed=step - self._offset, info=info)
+
+    def end_epoch(self) -> None:
+        if self._progress:
+            self._progress.stop()
+            self._progress = None
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return format(value, spec)
+
+
+def print_summary(title: str, summary: dict, where: str | None) -> None:
+    table = Table(title=title, show_header=False, title_justify="left", box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("validation accuracy", _fmt(summary.get("val/acc"))),
+        ("validation loss", _fmt(summary.get("val/loss"))),
+        ("samples/s", _fmt(summary.get("perf/samples_per_s"), ".1f")),
+        ("step time (median)", _fmt(summary.get("perf/step_time_ms"), ".2f") + " ms"),
+        ("activation memory", _fmt(summary.get("mem/activation_mib"), ".2f") + " MiB"),
+        ("peak RSS", _fmt(summary.get("mem/peak_rss_mib"), ".0f") + " MiB"),
+    ]
+    if "mem/peak_allocated_mib" in summary:
+        rows.append(
+            ("peak CUDA allocated", _fmt(summary["mem/peak_allocated_mib"], ".0f") + " MiB")
+        )
+        rows.append(("peak CUDA reserved", _fmt(summary["mem/peak_reserved_mib"], ".0f") + " MiB"))
+    rows.append(("skipped steps", _fmt(summary.get("amp/skipped_steps"), ".0f")))
+    if "amp/loss_scale" in summary:
+        rows.append(("final loss scale", _fmt(summary["amp/loss_scale"], "g")))
+    rows.append(("wall time", _fmt(summary.get("perf/wall_s"), ".1f") + " s"))
+    if where:
+        rows.append(("recorded in", where))
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

@@ -1,0 +1,475 @@
+"""One job: config in, a trained model and a finished MLflow run out.
+
+A ``Job`` runs in explicit phases: ``plan`` (the config as it will run here, the run's name,
+skip it if an identical config already FINISHED, the checkpoint to resume), ``open`` (the
+recorder: a new MLflow run, or the resumed one), ``train`` (``engine.loop.fit``) and ``close``
+(final metrics, artifacts, the run's end). Failures never escape as tracebacks: the run is
+ended FAILED with a one-line ``error`` tag (KILLED on Ctrl-C), the message is printed, and the
+outcome says how the job ended so the command can exit non-zero.
+
+What the command needs from its jobs (their outcomes) and gives them (extra tags, the sweep it
+launched) travels in a ``CommandContext`` that the task function carries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ampsweep.app import console
+from ampsweep.config.compose import flatten, to_config, to_yaml
+from ampsweep.config.schema import Config, ConfigError, Tracker
+from ampsweep.engine import distributed
+from ampsweep.tracking import store
+from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder
+from ampsweep.tracking.secrets import mask_text
+from ampsweep.tracking.sweep import SweepInfo, record_skip
+
+EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED = 2, 1, 130
+
+
+@dataclass
+class JobOutcome:
+    name: str
+    status: str  # FINISHED / FAILED / KILLED
+    run_id: str | None = None
+    error: str | None = None
+    exit_code: int = 0
+    summary: dict = field(default_factory=dict)
+    job_num: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    skipped: bool = False  # a sweep relaunch found this config FINISHED already (run_id: that run)
+
+
+@dataclass
+class CommandContext:
+    """What one command shares with the jobs it runs, and gets back from them."""
+
+    extra_tags: dict[str, str] = field(default_factory=dict)  # e.g. reproduces=<run id>
+    sweep: SweepInfo | None = None  # the sweep this command launched (None: single run)
+    outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
+
+
+@dataclass
+class JobContext:
+    """What Hydra tells a job about itself (empty outside Hydra, e.g. in tests)."""
+
+    output_dir: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    job_num: int | None = None
+    sweep_dir: Path | None = None  # set in multirun mode
+
+    @classmethod
+    def from_hydra(cls) -> JobContext:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized():
+            return cls()
+        hc = HydraConfig.get()
+        multirun = hc.mode == RunMode.MULTIRUN
+        return cls(
+            output_dir=Path(hc.runtime.output_dir),
+            overrides=list(hc.overrides.task),
+            job_num=hc.job.num if multirun else None,
+            sweep_dir=Path(hc.sweep.dir).resolve() if multirun else None,
+        )
+
+
+class TaskFunction:
+    """What Hydra calls for each job: ``run_job`` with this command's context. (A class, not
+    a closure, so launchers that pickle the task to run it elsewhere can.)"""
+
+    def __init__(self, command: CommandContext):
+        self.command = command
+        self.__module__ = __name__  # hydra.main reads it to find the calling module
+
+    def __call__(self, node) -> JobOutcome:
+        return run_job(node, JobContext.from_hydra(), self.command)
+
+
+class StopRequest:
+    """SIGTERM / Ctrl-C while a job runs.
+
+    While the training loop runs (``deferred``), the first signal only sets ``requested``: the
+    loop sees it at the next step boundary, writes a checkpoint and raises Interrupted, so a
+    signal never lands in the middle of an optimizer update. Elsewhere, or on a second signal,
+    it raises KeyboardInterrupt at once. The job then ends KILLED and the command exits non-zero.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.deferring = False
+        self._previous: dict = {}
+
+    def install(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.deferring and not self.requested:
+            self.requested = True
+            console.error(f"{name}: stopping after this step, with a checkpoint")
+            return
+        raise KeyboardInterrupt(name)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+
+
+def default_run_name(cfg: Config) -> str:
+    return f"{cfg.precision.name}-{cfg.model.name}-{cfg.dataset.name}"
+
+
+def expected_run_name(cfg: Config) -> str:
+    """The name a job's run will get, with the precision resolved for this machine (so a
+    sweep can tell up front which names repeat)."""
+    if cfg.tracking.run_name:
+        return cfg.tracking.run_name
+    from ampsweep.engine.build import resolve
+
+    try:
+        return default_run_name(resolve(cfg))
+    except ConfigError:  # the job itself will report it
+        return default_run_name(cfg)
+
+
+def run_job(node, ctx: JobContext | None = None, command: CommandContext | None = None):
+    """Run one job from a composed config node (or a Config); under DDP, this rank's part."""
+    ctx, command = ctx or JobContext(), command or CommandContext()
+    distributed.export_submitit_env()  # a submitit task array: one task per rank
+    rank = distributed.from_env()
+    outcome = None
+    with console.quiet_unless_main(rank.is_main):
+        try:
+            outcome = Job(node, ctx, command, rank).run()
+            return outcome
+        finally:
+            distributed.shutdown(wait_for_all=outcome is not None and outcome.exit_code == 0)
+
+
+def end_stray_mlflow_run() -> None:
+    """End a run left active in MLflow's fluent API (by user code or a job that did not clean
+    up): ampsweep itself records through explicit run ids, but a job must not start inside
+    another job's active run."""
+    import sys
+
+    if "mlflow" not in sys.modules:
+        return
+    import mlflow
+
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
+class Job:
+    def __init__(self, node, ctx: JobContext, command: CommandContext, rank):
+        self.node, self.ctx, self.command, self.rank = node, ctx, command, rank
+        self.sweep = None
+        if ctx.sweep_dir is not None:  # a multirun job: from the command, else the sweep dir
+            own = command.sweep
+            in_dir = own if own and Path(own.sweep_dir) == ctx.sweep_dir else None
+            self.sweep = in_dir or SweepInfo.from_sweep_dir(ctx.sweep_dir)
+        self.name = "job"
+        self.recorder = NullRecorder()
+        self.stop = StopRequest()
+
+    # ---------------------------------------------------------------- the phases
+
+    def run(self) -> JobOutcome:
+        end_stray_mlflow_run()
+        self.stop.install()
+        try:
+            outcome = self._phases()
+        except KeyboardInterrupt as err:
+            self.recorder.end(store.KILLED, error=f"interrupted ({err or 'KeyboardInterrupt'})")
+            self._done(JobOutcome(self.name, store.KILLED, self.recorder.run_id,
+                                  exit_code=EXIT_KILLED))  # fmt: skip
+            raise
+        except Exception as err:  # every failure becomes one line and a FAILED run
+            outcome = self._failed(err)
+        finally:
+            self.stop.uninstall()
+        self._done(outcome)
+        if self.stop.requested:  # the signal came after the last step: it finished; stop here
+            raise KeyboardInterrupt("SIGTERM after the last step")
+        return outcome
+
+    def _phases(self) -> JobOutcome:
+        cfg, refusal = self.plan()
+        if self.tracked:
+            twin = self._finished_twin(cfg) if self.sweep and not refusal else None
+            if twin is not None:
+                return self._skip(twin)
+        setup = None
+        if not refusal:
+            from ampsweep.engine.build import build, select_device
+
+            if self.rank.enabled:
+                distributed.init(self.rank, select_device(cfg.trainer.device).type)
+            try:
+                setup = build(cfg)
+            except ConfigError as err:
+                refusal = err
+        if refusal and not (self.tracked and self.sweep):
+            raise refusal  # a bad single command leaves nothing in the store
+        ckpt = self._resume_point(cfg) if setup else None
+        self.open(cfg, ckpt)
+        if refusal:  # in a sweep, a refused job is recorded as a FAILED child run
+            raise refusal
+        summary = self.train(setup, ckpt)
+        return self.close(setup, summary)
+
+    def plan(self) -> tuple[Config, ConfigError | None]:
+        """The config as it will run here, the run's name, and whether it is recorded. A
+        config this hardware refuses is returned with the refusal."""
+        from ampsweep.engine.build import resolve
+
+        cfg = self.node if isinstance(self.node, Config) else to_config(self.node)
+        self.name = mask_text(cfg.tracking.run_name or default_run_name(cfg))
+        # Only rank 0 records: one training across N processes is one MLflow run.
+        self.tracked = cfg.tracking.backend == Tracker.mlflow and self.rank.is_main
+        self.uri = store.resolve_uri(cfg.tracking.uri)
+        if self.tracked:
+            store.check(self.uri)
+        if self.rank.enabled:  # record the processes that actually ran
+            cfg = replace(cfg, trainer=replace(cfg.trainer, nproc=self.rank.world_size))
+        refusal = None
+        try:
+            cfg = resolve(cfg)
+        except ConfigError as err:
+            refusal = err
+        name = cfg.tracking.run_name or default_run_name(cfg)
+        if self.sweep and not cfg.tracking.run_name:
+            name = self.sweep.run_name(name, self.ctx.job_num)
+        self.name = mask_text(name)  # a run name may interpolate a secret: never show it
+        self.cfg = cfg
+        return cfg, refusal
+
+    def open(self, cfg: Config, ckpt: dict | None) -> None:
+        """The recorder: the checkpoint's run continued, a new run, or nothing recorded."""
+        if not self.tracked:
+            return
+        if ckpt and ckpt["run_id"]:
+            self.recorder = self._reattach(ckpt, cfg)
+            return
+        from ampsweep.engine.checkpoint import config_hash
+
+        tags = self._tags(cfg)
+        tags[store.CONFIG_HASH] = config_hash(cfg)
+        parent = self.sweep.parent_run_id if self.sweep else None
+        self.recorder = MlflowRecorder.start(
+            cfg.tracking, self.name, tags=tags, parent_run_id=parent, uri=self.uri
+        )
+        self.recorder.log_params({**flatten(cfg), "world_size": self.rank.world_size})
+        self.recorder.log_text(to_yaml(cfg), "config.yaml")
+
+    def train(self, setup, ckpt: dict | None) -> dict:
+        from ampsweep.app.environment import run_tags
+        from ampsweep.engine import checkpoint
+        from ampsweep.engine.loop import NoCheckpoints, fit
+
+        cfg, recorder = setup.cfg, self.recorder
+        tags = run_tags(setup.device)
+        tags.update({f"data.{k}": str(v) for k, v in setup.dataset_info.items()})
+        tags["model.num_params"] = str(setup.num_params)
+        recorder.set_tags(tags)
+        state = checkpoint.restore(setup, ckpt) if ckpt else None
+        folder = checkpoint.folder_for(cfg, recorder.run_id)
+        checkpoints = NoCheckpoints()
+        if self.rank.is_main:
+            checkpoints = checkpoint.Checkpointer(folder, cfg, recorder.run_id, recorder.flush)
+            recorder.set_tags({store.CHECKPOINT_DIR: str(folder)})
+        console.console.print(
+            f"[bold]{self.name}[/]: {setup.policy.mode.name} on {setup.device}, "
+            f"{setup.num_params:,} parameters, {setup.dataset_info['train_samples']} train / "
+            f"{setup.dataset_info['val_samples']} val samples, {setup.total_steps} steps"
+        )
+        if self.rank.is_main:
+            console.console.print(f"checkpoints: {folder}")
+        progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
+        with self.stop.deferred():  # a signal during training stops at a step boundary
+            return fit(setup, recorder.log_metrics, progress, state, checkpoints, self.stop)
+
+    def close(self, setup, summary: dict) -> JobOutcome:
+        final_step = int(summary["train/steps"])
+        recorder = self.recorder
+        recorder.log_metrics(
+            {k: v for k, v in summary.items() if not k.startswith(("val/", "train/"))},
+            final_step,
+        )
+        if recorder.run_id is not None:
+            recorder.log_json(summary, "summary.json")
+            setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
+            hydra_dir = self.ctx.output_dir / ".hydra" if self.ctx.output_dir else None
+            if hydra_dir and hydra_dir.is_dir():
+                recorder.log_artifact(hydra_dir, ".hydra")
+        recorder.end(store.FINISHED)
+        where = None
+        if recorder.run_id is not None:
+            where = f"MLflow run {recorder.run_id} in {store.describe(recorder.uri)}"
+        console.print_summary(f"{self.name} finished", summary, where)
+        return JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _done(self, outcome: JobOutcome) -> None:
+        outcome.job_num, outcome.overrides = self.ctx.job_num, self.ctx.overrides
+        self.command.outcomes.append(outcome)
+
+    def _failed(self, err: Exception) -> JobOutcome:
+        message = store.one_line(err)
+        console.error(f"{self.name}: {message}" if self.ctx.job_num is not None else message)
+        if self.recorder.run_id is not None:
+            try:
+                self.recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
+                self.recorder.end(store.FAILED, error=message)
+            except Exception as end_err:  # the store itself failed: say so, once
+                console.error(f"could not record the failure in MLflow: {store.one_line(end_err)}")
+        code = EXIT_CONFIG if isinstance(err, ConfigError) else EXIT_FAILED
+        if self.recorder.run_id is None and self.ctx.job_num is None:
+            _drop_unused_run_dir(self.ctx)  # a refused command leaves nothing behind
+        return JobOutcome(
+            self.name, store.FAILED, self.recorder.run_id, error=message, exit_code=code
+        )
+
+    def _finished_twin(self, cfg: Config):
+        """A FINISHED run of the same config in this experiment (tracking.skip_finished)."""
+        from ampsweep.engine.checkpoint import config_hash
+
+        if not cfg.tracking.skip_finished:
+            return None
+        client = store.client_for(self.uri)
+        return store.finished_twin(client, cfg.tracking.experiment, config_hash(cfg))
+
+    def _skip(self, twin) -> JobOutcome:
+        """Report a skipped job and name the run standing in for it on this launch's parent."""
+        run_id = twin.info.run_id
+        console.console.print(
+            f"[bold]#{self.ctx.job_num} {self.name}[/]: skipped, the identical config FINISHED "
+            f"as run {run_id} (tracking.skip_finished=false reruns it)"
+        )
+        record_skip(self.sweep, self.ctx.job_num, run_id)
+        return JobOutcome(self.name, store.FINISHED, run_id, skipped=True)
+
+    def _resume_point(self, cfg: Config) -> dict | None:
+        """Load the checkpoint trainer.resume names. In a sweep with tracking.skip_finished
+        (the default), ``auto`` is implied: relaunching a sweep continues interrupted jobs."""
+        from ampsweep.engine import checkpoint
+
+        choice = cfg.trainer.resume
+        implied = choice is None and self.sweep is not None and cfg.tracking.skip_finished
+        if implied:
+            choice = "auto"
+        run_id = None
+        if choice and choice != "auto" and not checkpoint.is_path(choice):
+            run_id = choice  # an MLflow run id: its checkpoint folder is one of its tags
+            path, line = checkpoint.newest_of_run(run_id, self._checkpoint_dir_of(run_id, cfg))
+        else:
+            path, line = checkpoint.locate(cfg, choice)
+        if line and (path is not None or not implied):  # a fresh sweep job needs no word on it
+            console.console.print(line)
+        if path is None:
+            return None
+        ckpt = checkpoint.load(path)
+        checkpoint.check(ckpt, cfg, path, choice, run_id)
+        ckpt["path"] = str(path)
+        return ckpt
+
+    def _checkpoint_dir_of(self, run_id: str, cfg: Config) -> Path | None:
+        if cfg.tracking.backend != Tracker.mlflow:
+            raise ConfigError(
+                f"trainer.resume={run_id}: resuming by run id needs tracking=mlflow: give the "
+                "checkpoint path instead"
+            )
+        run = store.find_run(store.client_for(self.uri), run_id)
+        if run is None:
+            raise ConfigError(
+                f"trainer.resume={run_id}: no such checkpoint path and no run {run_id} in the "
+                f"configured store {store.describe(self.uri)}: check the id, tracking.uri or "
+                "MLFLOW_TRACKING_URI"
+            )
+        folder = run.data.tags.get(store.CHECKPOINT_DIR)
+        return Path(folder).resolve() if folder else None
+
+    def _reattach(self, ckpt: dict, cfg: Config) -> MlflowRecorder:
+        """Continue the checkpoint's MLflow run: same run id, metrics from the next step on."""
+        run_id, step = ckpt["run_id"], ckpt["state"]["step"]
+        run = store.find_run(store.client_for(self.uri), run_id)
+        if run is None:
+            raise ConfigError(
+                f"trainer.resume: {ckpt['path']} belongs to run {run_id}, which is not in the "
+                f"configured store {store.describe(self.uri)}: resume with the tracking.uri "
+                "it was recorded in"
+            )
+        if run.info.status == store.FINISHED:
+            raise ConfigError(
+                f"trainer.resume: run {run_id} of {ckpt['path']} already FINISHED: nothing to "
+                "resume; drop trainer.resume to start a new run"
+            )
+        recorder = MlflowRecorder.attach(
+            self.uri,
+            run_id,
+            cfg.tracking.metrics_flush_every,
+            after_step=step,
+            flush_seconds=cfg.tracking.metrics_flush_seconds,
+        )
+        tags = {"resumed_from": ckpt["path"], "resumed_at_step": str(step),
+                **self.command.extra_tags}  # fmt: skip
+        if self.ctx.output_dir:
+            tags["resumed_run_dir"] = str(self.ctx.output_dir.resolve())
+        if self.sweep:  # a relaunched sweep: the run now belongs to this launch's parent
+            tags[store.PARENT] = self.sweep.parent_run_id
+        old_error = run.data.tags.get(store.ERROR)
+        if old_error:  # the run is alive again: keep why it stopped, under another name
+            tags[store.PREVIOUS_ERROR] = old_error
+            recorder.client.delete_tag(run_id, store.ERROR)
+        recorder.set_tags(tags)
+        return recorder
+
+    def _tags(self, cfg: Config) -> dict[str, str]:
+        import ampsweep
+        from ampsweep.app.environment import git_state
+
+        tags = {
+            store.PRECISION: cfg.precision.name,
+            store.MODEL: cfg.model.name,
+            store.DATASET: cfg.dataset.name,
+            store.AMPSWEEP_VERSION: ampsweep.__version__,
+            **git_state(),
+            **self.command.extra_tags,
+        }
+        if self.ctx.overrides:
+            tags[store.OVERRIDES] = " ".join(self.ctx.overrides)
+        if self.ctx.output_dir:
+            tags["run_dir"] = str(self.ctx.output_dir.resolve())
+        if self.ctx.job_num is not None:
+            tags[store.JOB_NUM] = str(self.ctx.job_num)
+        return tags
+
+
+def _drop_unused_run_dir(ctx: JobContext) -> None:
+    """Remove the run folder Hydra made for a job that was refused before it ran (it holds
+    only Hydra's .hydra/ record of the refused command)."""
+    folder = ctx.output_dir
+    if folder and folder.is_dir() and {p.name for p in folder.iterdir()} <= {".hydra"}:
+        shutil.rmtree(folder, ignore_errors=True)
+        if not any(folder.parent.iterdir()):  # the day's folder, if this was its only run
+            folder.parent.rmdir()

@@ -1,0 +1,182 @@
+"""``ampsweep reproduce RUN_ID [overrides...]``: train a recorded run again, from MLflow alone.
+
+The run's logged ``config.yaml`` (the resolved config: the precision mode it actually ran) is
+read from the configured store only (``tracking.uri``, else $MLFLOW_TRACKING_URI, else
+outputs/mlflow.db), never from a path found in the run. It becomes a Hydra primary config
+under ``outputs/reproduce/<run id>/config.yaml``, with the schema first in its defaults so
+every key stays typed; extra overrides apply on top of it and are recorded as the new run's
+``overrides`` tag. The new run is tagged ``reproduces=<run id>``. When the code differs from
+the run's (git commit, dirty tree, ampsweep or torch version) a warning says so first; at the
+end both runs' final metrics are printed side by side with their differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from ampsweep.app import console
+from ampsweep.config.schema import ConfigError
+from ampsweep.precision.modes import DERIVED_PRECISION
+from ampsweep.tracking import store
+
+VERSION_TAGS = (store.GIT_COMMIT, store.GIT_DIRTY, store.AMPSWEEP_VERSION, store.TORCH_VERSION)
+HEADER = """\
+# Written by `ampsweep reproduce {run_id}` from the run's logged config.yaml.
+# Rerun with: ampsweep train --config-path {folder} --config-name config [overrides]
+defaults:
+  - ampsweep_schema
+  - override hydra/job_logging: none
+  - override hydra/hydra_logging: none
+  - _self_
+
+hydra:
+  run:
+    dir: outputs/runs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}-reproduce-{short}
+  job:
+    name: ampsweep
+    chdir: false
+
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="train a recorded MLflow run again and compare the two",
+        description="Train RUN_ID again from its logged config (overrides apply on top), "
+        "in a new run tagged reproduces=RUN_ID, then compare final metrics.",
+    )
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_reproduce)
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    try:
+        return reproduce(args.run_id, list(args.overrides))
+    except ConfigError as err:
+        console.error(str(err))
+        return 2
+
+
+def _uri_of(overrides: list[str]) -> str | None:
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "tracking.uri":
+            return value or None
+    return None
+
+
+def fetch(run_id: str, overrides: list[str]):
+    """The run and its logged config text, from the configured store."""
+    uri = store.resolve_uri(_uri_of(overrides))
+    store.check(uri)
+    client = store.client_for(uri)
+    run = store.find_run(client, run_id)
+    if run is None:
+        raise ConfigError(
+            f"RUN_ID={run_id}: no such run in the store {store.describe(uri)}: "
+            "check the id, or pass tracking.uri=... (or set MLFLOW_TRACKING_URI)"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, "config.yaml", tmp)
+        except Exception:
+            raise ConfigError(
+                f"RUN_ID={run_id}: the run has no config.yaml artifact (not an ampsweep run, or "
+                "it failed before recording): nothing to reproduce"
+            ) from None
+        text = Path(path).read_text()
+    return uri, run, text
+
+
+def code_differences(tags: dict[str, str]) -> list[str]:
+    """How the code here differs from the code the run was recorded with."""
+    import torch
+
+    import ampsweep
+    from ampsweep.app.environment import git_state
+
+    now = {store.AMPSWEEP_VERSION: ampsweep.__version__, store.TORCH_VERSION: torch.__version__}
+    now.update(git_state())
+    out = []
+    for key in VERSION_TAGS:
+        then, here = tags.get(key), now.get(key)
+        if then != here:
+            out.append(f"{key}: {then or '(not recorded)'} in the run, {here or '(none)'} here")
+    dirty = [w for w, d in (("the run's", tags), ("this", now)) if d.get(store.GIT_DIRTY) == "true"]
+    if dirty:  # same commit or not, uncommitted changes make the code unknown
+        out.append(f"{' and '.join(dirty)} checkout had uncommitted changes: the code may differ")
+    return out
+
+
+def primary_config(run_id: str, text: str, overrides: list[str], folder: Path) -> list[str]:
+    """Write the run's config as a Hydra primary config; return the overrides to pass."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(text)
+    cfg.trainer.resume = None  # a reproduction is a new run, never a continuation
+    plain = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+") == "precision":  # there are no config groups here: set the mode
+            o, key = f"precision.name={value}", "precision.name"
+        if key == "precision.name":
+            for derived in DERIVED_PRECISION:
+                cfg.precision[derived] = None
+            cfg.precision.scaler.enabled = cfg.precision.scaler.dynamic = None
+        plain.append(o)
+    folder.mkdir(parents=True, exist_ok=True)
+    header = HEADER.format(run_id=run_id, folder=folder, short=run_id[:8])
+    (folder / "config.yaml").write_text(header + OmegaConf.to_yaml(cfg))
+    return plain
+
+
+def reproduce(run_id: str, overrides: list[str]) -> int:
+    from ampsweep.app.job import CommandContext
+    from ampsweep.app.train import cmd_train
+
+    uri, run, text = fetch(run_id, overrides)
+    tags = run.data.tags
+    recorded = tags.get(store.OVERRIDES)
+    console.console.print(
+        f"reproducing run {run_id} ({run.info.run_name}) from {store.describe(uri)}"
+        + (f", recorded with overrides: {recorded}" if recorded else "")
+    )
+    for line in code_differences(tags):
+        console.errors.print(f"[bold yellow]warning:[/] code differs: {line}", soft_wrap=True)
+    folder = (Path("outputs") / "reproduce" / run_id).resolve()
+    extra = primary_config(run_id, text, overrides, folder)
+    console.console.print(f"config: {folder / 'config.yaml'}")
+    command = CommandContext(extra_tags={store.REPRODUCES: run_id})
+    code = cmd_train(["--config-path", str(folder), "--config-name", "config", *extra], command)
+    new_id = command.outcomes[-1].run_id if command.outcomes else None
+    if new_id:
+        print_comparison(uri, run_id, new_id)
+    return code
+
+
+def compare(uri: str, original: str, new: str) -> list[tuple[str, float | None, float | None]]:
+    """(metric, original's final value, new run's final value) for every metric of either."""
+    client = store.client_for(uri)
+    a = client.get_run(original).data.metrics
+    b = client.get_run(new).data.metrics
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))]
+
+
+def print_comparison(uri: str, original: str, new: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"run {original} vs its reproduction {new}", title_justify="left")
+    for col in ("metric", "original", "reproduced", "difference"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for key, x, y in compare(uri, original, new):
+        diff = f"{y - x:+.6g}" if x is not None and y is not None else "-"
+        table.add_row(key, _fmt(x), _fmt(y), diff)
+    console.console.print(table)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6g}"

@@ -1,0 +1,82 @@
+"""Launching a sweep: its parent run before the jobs, its report and end after them.
+
+``ampsweep train -m`` decides the sweep dir itself (Hydra's ``hydra.sweep.dir``, resolved once
+and handed back to Hydra), creates the parent run there, runs the jobs through Hydra, then
+ends the parent whatever happened to them, after printing the comparison report and logging
+it to the parent.
+"""
+
+from __future__ import annotations
+
+import shlex
+from datetime import datetime
+from pathlib import Path
+
+from ampsweep.app import console
+from ampsweep.app.job import expected_run_name
+from ampsweep.config.compose import compose
+from ampsweep.config.schema import Config, Tracker
+from ampsweep.tracking import store
+from ampsweep.tracking import sweep as sweeps
+from ampsweep.tracking.sweep import SweepInfo, SweepResult
+
+
+def plan_dir(first_job: list[str], conf: Path, config_name: str) -> tuple[Path, str]:
+    """The sweep dir Hydra would make for this command (resolved now, once) and the sweep's
+    label (the experiment's name, else "sweep")."""
+    from omegaconf import OmegaConf
+
+    cfg = compose(first_job, conf, config_name, return_hydra_config=True)
+    sweep_dir = Path(cfg.hydra.sweep.dir).resolve()
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
+    return sweep_dir, choices.get("experiment") or "sweep"
+
+
+def begin(configs: list[Config], args: list[str], sweep_dir: Path, label: str) -> SweepInfo | None:
+    """The sweep's parent run (None when the sweep is not recorded: tracking=none)."""
+    first = configs[0].tracking
+    if first.backend != Tracker.mlflow:
+        return None
+    uri = store.resolve_uri(first.uri)
+    names = [expected_run_name(c) for c in configs if not c.tracking.run_name]
+    return sweeps.begin(
+        uri,
+        first,
+        sweep_dir,
+        name=f"{label}-{datetime.now():%Y%m%d-%H%M%S}",
+        command=shlex.join(["ampsweep", "train", *args]),
+        expected_jobs=len(configs),
+        run_names=names,
+    )
+
+
+def finish(info: SweepInfo, interrupted: bool) -> SweepResult:
+    """End the parent from its children's statuses, after printing the sweep report and
+    logging it to the parent. Whatever the report does, the parent is never left RUNNING."""
+    result = sweeps.conclude(info, interrupted)
+    try:
+        if not interrupted and result.runs:
+            publish_report(info)
+    finally:
+        sweeps.end(info, result)
+    return result
+
+
+def publish_report(info: SweepInfo) -> None:
+    """Print the comparison report and log it (files, charts, headline metrics) to the parent.
+    A report problem is reported, never allowed to change how the sweep ended."""
+    from ampsweep.report import render
+    from ampsweep.report.sweeps import build_report, publish
+
+    try:
+        client = store.client_for(info.uri)
+        rep = build_report(client, info.parent_run_id)
+        console.console.print()
+        render.print_table(rep)
+        publish(client, rep)
+        console.console.print(
+            f"report logged to the sweep's parent run {info.parent_run_id} "
+            f"({info.name}) in {store.describe(info.uri)}"
+        )
+    except Exception as err:
+        console.error(f"could not write the sweep report: {store.one_line(err)}")

@@ -1,0 +1,256 @@
+"""``ampsweep train``: validate every job of the command, then run them through Hydra.
+
+compose (Hydra) -> validate (``config``: the shared keys; ``engine.components``: each
+builder's own settings) for every job of the command before anything runs or touches the
+MLflow store -> for a sweep, its parent run -> Hydra runs each job (``app.job``) -> for a
+sweep, its report and the parent's end.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from ampsweep.app import console
+from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
+from ampsweep.config.schema import Config, ConfigError, Tracker
+
+HYDRA_FLAGS_WITH_VALUE = {
+    "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+    "--cfg", "-c", "--package", "-p", "--experimental-rerun", "--shell-completion", "-sc",
+    "--info", "-i",
+}  # fmt: skip
+HYDRA_INFO_FLAGS = {
+    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
+    "--shell-completion", "-sc", "--experimental-rerun", "--resolve",
+}  # fmt: skip
+
+TRAIN_HELP = """\
+usage: ampsweep train [-m] [GROUP=OPTION | KEY=VALUE ...] [Hydra flags]
+
+Train one configuration (or, with -m, sweep every combination) and record each run in MLflow.
+
+  ampsweep train                                      # the default: cnn on digits, precision=auto
+  ampsweep train precision=fp16 trainer.epochs=3      # one run
+  ampsweep train -m precision=fp32,fp16,bf16          # a sweep: one parent run, a child per job
+  ampsweep train -m experiment=precision_sweep        # the ready CPU sweep
+  ampsweep train trainer.resume=auto                  # continue the newest checkpoint
+  ampsweep train --config-path RUN_DIR/.hydra --config-name config   # rerun a run dir
+
+Groups: precision, model, dataset, optimizer, trainer, tracking, experiment.
+`ampsweep train --help` shows every option and the composed config (Hydra's help);
+`ampsweep train --cfg job` prints the config a command would run.
+"""
+
+
+def split_train_args(args: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    """Hydra overrides, flags with their values, and bare flags of a train command line."""
+    overrides, flags, bare = [], {}, set()
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-") and "=" in a and a.split("=", 1)[0] in HYDRA_FLAGS_WITH_VALUE:
+            key, value = a.split("=", 1)
+            flags[key] = value
+        elif a in HYDRA_FLAGS_WITH_VALUE and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            flags[a] = args[i + 1]
+            i += 1
+        elif a.startswith("-"):
+            bare.add(a)
+        else:
+            overrides.append(a)
+        i += 1
+    return overrides, flags, bare
+
+
+def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
+    """The train command; ``command`` carries what a caller adds (e.g. reproduce's tags) and
+    receives the jobs' outcomes."""
+    if args and args[0] in ("--usage",):
+        print(TRAIN_HELP)
+        return 0
+    from ampsweep.engine import distributed
+
+    command = command or CommandContext()
+    overrides, flags, bare = split_train_args(args)
+    informational = bool((bare | set(flags)) & HYDRA_INFO_FLAGS)
+    multirun = bool(bare & {"-m", "--multirun"})
+    rank = distributed.from_env()
+    exclusive = (bare | set(flags)) & {"--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+    if multirun and exclusive:  # Hydra would raise a ValueError with a traceback
+        console.error(
+            f"{sorted(exclusive)[0]} cannot be combined with -m: drop -m to print the config of "
+            "one job, e.g. ampsweep train --cfg job precision=fp16"
+        )
+        return 2
+    if informational:
+        return run_hydra(args, command)
+    conf, name = _conf_of(flags)
+    code, configs = validate(overrides, conf, name, multirun, record=rank.is_main)
+    if code:
+        return code
+    code = _check_nproc(configs, overrides, multirun, rank)
+    if code is not None:
+        return code
+    nproc = configs[0].trainer.nproc
+    if nproc > 1 and not rank.enabled and not multirun:
+        try:
+            return distributed.launch(args, nproc)  # each worker runs this command again
+        except distributed.LaunchError as err:
+            console.error(str(err))
+            return 1
+    # Under torchrun every rank runs Hydra; only rank 0 keeps a run dir and .hydra/ files.
+    args = [*args, *distributed.rank_overrides(rank)]
+    if not multirun:
+        try:
+            return _exit_code(command, run_hydra(args, command))
+        except KeyboardInterrupt:
+            console.error("interrupted")
+            return EXIT_KILLED
+    return run_sweep(args, overrides, configs, conf, name, command, rank.is_main)
+
+
+def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | None:
+    """DDP is one training in N processes; a sweep's jobs get theirs from a launcher."""
+    if rank.enabled and multirun:
+        console.error(
+            "-m under torchrun: a sweep cannot run inside one process group: run the sweep "
+            "with hydra/launcher=ampsweep_slurm trainer.nproc=N instead"
+        )
+        return 2
+    nproc = max(c.trainer.nproc for c in configs)
+    own_launcher = any(
+        o.startswith("hydra/launcher=") and o != "hydra/launcher=basic" for o in overrides
+    )
+    if multirun and nproc > 1 and not own_launcher:
+        console.error(
+            f"trainer.nproc={nproc} in a sweep: the jobs of a sweep run in this one process: "
+            "add hydra/launcher=ampsweep_slurm (or ampsweep_local), which starts "
+            "trainer.nproc processes per job, or run single jobs with trainer.nproc"
+        )
+        return 2
+    return None
+
+
+def _conf_of(flags: dict[str, str]) -> tuple[Path, str]:
+    from ampsweep.config.compose import config_dir
+
+    path = flags.get("--config-path") or flags.get("-cp")
+    name = flags.get("--config-name") or flags.get("-cn") or "config"
+    return (Path(path).resolve() if path else config_dir()), name
+
+
+def validate(
+    overrides: list[str], conf: Path, name: str, multirun: bool, record: bool = True
+) -> tuple[int, list[Config]]:
+    """Compose and check every job of the command before anything runs; open (create or
+    migrate) each MLflow store once, here, before jobs in other processes write to it."""
+    from ampsweep.config.compose import validate_command
+    from ampsweep.tracking import store
+
+    try:
+        configs = validate_command(overrides, multirun, conf, name)
+        from ampsweep.engine import components  # torch: only once the shared keys are good
+
+        configs = [components.resolve(c) for c in configs]
+        stores = {
+            store.resolve_uri(c.tracking.uri): store.uri_key(c.tracking.uri)
+            for c in configs
+            if c.tracking.backend == Tracker.mlflow
+        }
+        for uri, key in sorted(stores.items()) if record else []:
+            store.check(uri, key)  # an unreachable server fails here, before training
+            store.prepare(uri)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2, []
+    return 0, configs
+
+
+def run_hydra(args: list[str], command: CommandContext) -> int:
+    """Hand the command line to Hydra, which runs each job through ``TaskFunction``; the exit
+    code of Hydra itself (its own errors are printed by Hydra)."""
+    import hydra
+
+    from ampsweep.config.compose import config_dir
+    from ampsweep.config.schema import register_configs
+
+    register_configs()
+    main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(
+        TaskFunction(command)
+    )
+    argv = sys.argv
+    sys.argv = ["ampsweep-train", *args]
+    # SIGTERM (a scheduler's stop) ends the command like Ctrl-C: a sweep's parent run is ended
+    # and the exit is non-zero. Inside a job, the job's StopRequest first writes a checkpoint.
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        main()
+    except SystemExit as exc:  # Hydra exits on its own errors (already printed)
+        return exc.code if isinstance(exc.code, int) else 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sys.argv = argv
+    return 0
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _exit_code(command: CommandContext, hydra_code: int) -> int:
+    failed = [o for o in command.outcomes if o.status != "FINISHED"]
+    if failed:
+        return max(o.exit_code for o in failed)
+    return hydra_code
+
+
+def run_sweep(
+    args: list[str],
+    overrides: list[str],
+    configs: list[Config],
+    conf: Path,
+    name: str,
+    command: CommandContext,
+    is_main: bool,
+) -> int:
+    """A multirun: the parent run first (in the sweep dir Hydra is told to use), the jobs,
+    then the report and the parent's end, whatever happened to the jobs."""
+    from ampsweep.app import sweep
+    from ampsweep.config.compose import expand_sweep, is_hydra_override
+
+    first_job = expand_sweep([o for o in overrides if not is_hydra_override(o)])[0]
+    sweep_dir, label = sweep.plan_dir(first_job, conf, name)
+    command.sweep = sweep.begin(configs, args, sweep_dir, label) if is_main else None
+    interrupted, hydra_code, result = False, 0, None
+    try:
+        hydra_code = run_hydra([*args, f"hydra.sweep.dir={sweep_dir}"], command)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if command.sweep is not None:
+            result = sweep.finish(command.sweep, interrupted)
+    if interrupted:
+        console.error("interrupted")
+        return EXIT_KILLED
+    return _sweep_exit(result, command, hydra_code)
+
+
+def _sweep_exit(result, command: CommandContext, hydra_code: int) -> int:
+    """Name every job that did not finish and return non-zero if any. The store is the
+    source of truth (jobs may have run in other processes); outcomes of this process add
+    the jobs that could not record a run at all."""
+    outcomes = command.outcomes
+    recorded = {r.info.run_id for r in result.runs} if result else set()
+    problems = result.describe_failures() if result else []
+    total = len(result.runs) + result.missing if result else len(outcomes)
+    unrecorded = [o for o in outcomes if o.status != "FINISHED" and o.run_id not in recorded]
+    problems += [f"#{o.job_num} {o.name} ({o.error or o.status}, not recorded)" for o in unrecorded]
+    elsewhere = (result.missing if result else 0) - len(unrecorded)
+    if elsewhere > 0:  # jobs in other processes that never reached the store
+        problems.append(f"{elsewhere} job(s) recorded no run")
+    if problems:
+        console.error(f"{len(problems)} of {total} jobs failed: {'; '.join(problems)}")
+        return 1
+    return hydra_code

@@ -1,0 +1,138 @@
+"""``ampsweep ui``: MLflow's UI over the store and artifacts that ``ampsweep train`` writes.
+
+It runs ``mlflow server`` in a child process (its own process group, so stopping ``ampsweep
+ui`` stops all of the server's workers too), waits until it answers, and prints a link that
+opens the experiment in MLflow's classic runs table (``workflowType=machine_learning``; the
+default GenAI view hides the runs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from ampsweep.app import console
+from ampsweep.tracking import store
+
+STARTUP_TIMEOUT_S = 120  # mlflow server imports a lot; on a loaded 2-core machine it is slow
+
+
+class UIError(Exception):
+    """One line with the fix."""
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def experiment_link(uri: str, base_url: str) -> tuple[str, str]:
+    """(what to open, a description): the newest sweep's experiment, else 'ampsweep'."""
+    from ampsweep.report.sweeps import ReportError, find_sweep
+
+    client = store.client_for(uri)
+    try:
+        parent = find_sweep(client)
+        exp_id = parent.info.experiment_id
+        exp = client.get_experiment(exp_id)
+        about = (
+            f"experiment '{exp.name}' (id {exp_id}); newest sweep {parent.info.run_name}: "
+            f"{base_url}/#/experiments/{exp_id}/runs/{parent.info.run_id}"
+            "?workflowType=machine_learning"
+        )
+    except ReportError:
+        exps = client.search_experiments()
+        named = [e for e in exps if e.name == "ampsweep"] or exps
+        if not named:
+            return f"{base_url}/", "no experiments yet"
+        exp_id = named[0].experiment_id
+        about = f"experiment '{named[0].name}' (id {exp_id})"
+    return f"{base_url}/#/experiments/{exp_id}?workflowType=machine_learning", about
+
+
+def server_command(uri: str, host: str, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
+    cmd += ["--host", host, "--port", str(port), "--workers", "1"]
+    db = store.sqlite_path(uri)
+    if db is not None:
+        # Runs keep their own artifact locations (outputs/mlartifacts/...); experiments created
+        # from the UI get theirs beside the store as well, not in ./mlartifacts of some cwd.
+        cmd += ["--artifacts-destination", (db.parent / "mlartifacts").resolve().as_uri()]
+    return cmd
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UIError(f"mlflow server exited with code {proc.returncode} (its output is above)")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise UIError(f"mlflow server did not answer at {url} within {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(uri: str, host: str, port: int) -> int:
+    if uri.startswith(("http://", "https://")):
+        store.check(uri, key="--tracking-uri")
+        link, about = experiment_link(uri, uri.rstrip("/"))
+        print(f"The store is an MLflow server already; open {link}\n  {about}")
+        return 0
+    db = store.sqlite_path(uri)
+    if db is None:
+        raise UIError(f"--tracking-uri {uri}: ampsweep ui serves sqlite:/// or http(s):// stores")
+    if not db.is_file():
+        raise UIError(
+            f"--tracking-uri {uri}: no MLflow store at {db}: run `ampsweep train` first, or "
+            "pass the store with --tracking-uri sqlite:////abs/path/mlflow.db"
+        )
+    if not port_free(host, port):
+        raise UIError(f"--port {port}: {host}:{port} is already in use: pass another --port")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base_url = f"http://{shown}:{port}" if ":" not in shown else f"http://[{shown}]:{port}"
+    link, about = experiment_link(uri, base_url)
+    console.console.print(f"Starting the MLflow UI on {host}:{port} for {store.describe(uri)} ...")
+    proc = subprocess.Popen(server_command(uri, host, port), start_new_session=True)
+    # `kill PID` (SIGTERM) must stop the server too, not leave it orphaned.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        wait_until_up(base_url, proc, STARTUP_TIMEOUT_S)
+        # Plain print: a link must never be wrapped at the terminal width.
+        print(f"MLflow UI: {link}", flush=True)
+        print(f"  {about}\n  Ctrl-C stops it.", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(proc)

@@ -1,0 +1,283 @@
+"""The config schema: every key ampsweep reads, its type, default and meaning.
+
+Two views of one config:
+
+* ``Schema`` is what Hydra composes. It is registered in Hydra's ConfigStore
+  (``register_configs``) and the YAML files under ``conf/`` merge onto it, so a misspelt key or
+  a wrong type in the fixed sections (precision, trainer, tracking, diagnostics) fails when
+  the config is composed. The model, data set and optimizer are open: each is a mapping whose
+  ``name`` picks a registered builder and whose other keys are that builder's own settings
+  (``model.width`` for the cnn, ``dataset.root`` for MNIST), so adding a builder never means
+  editing this file.
+* ``Config`` is what runs: the same sections, typed, with each component split into the keys
+  every builder of its kind shares (``dataset.val_fraction``, ``optimizer.lr``) and ``args``,
+  the builder's own. ``compose.to_config`` makes it; the engine checks ``args`` against the
+  builder's signature (``engine.components``).
+
+OmegaConf matches Enum members by *name*, so member names are the spellings users type. Enums
+are kept for closed sets that never grow (a device kind, a schedule); precision modes, models,
+data sets and optimizers are strings checked against their table or registry.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from ampsweep.errors import ConfigError  # noqa: F401 - re-exported: the config layer's error
+from ampsweep.precision import modes
+from ampsweep.precision.modes import PrecisionConfig
+
+# ---------------------------------------------------------------- components
+
+
+@dataclass
+class ModelConfig:
+    """``model=<name>``: a registered model builder and its own settings."""
+
+    name: str = "cnn"
+    args: dict[str, Any] = field(default_factory=dict)  # model.<key>: the builder's settings
+
+
+class Preload(Enum):
+    auto = "auto"  # preload to the device when the data set is in memory anyway
+    true = "true"
+    false = "false"
+
+
+@dataclass
+class DatasetConfig:
+    """``dataset=<name>``: a registered loader, the keys every data set shares, and its own."""
+
+    name: str = "digits"
+    args: dict[str, Any] = field(default_factory=dict)  # dataset.<key>: the loader's settings
+    val_fraction: float = 0.2  # data sets without a test split: held-out share
+    split_seed: int = 0  # the train/validation split (and generated data) is fixed by this seed
+    # normalisation: empty lists mean "the data set's own statistics"
+    mean: list[float] = field(default_factory=list)
+    std: list[float] = field(default_factory=list)
+    # augmentation (train split only): random crop with padding and horizontal flip
+    random_crop_padding: int = 0
+    horizontal_flip: bool = False
+    # auto | true | false (see Preload). A string, not the Enum: Hydra parses an unquoted
+    # `dataset.preload=true` as a bool, which an Enum field refuses; __post_init__ normalises.
+    preload: str = "auto"
+
+    def __post_init__(self) -> None:
+        value = self.preload.value if isinstance(self.preload, Enum) else self.preload
+        self.preload = str(value).lower()  # True -> "true"; Preload.false -> "false"
+
+
+class Schedule(Enum):
+    none = "none"
+    cosine = "cosine"
+
+
+@dataclass
+class OptimizerConfig:
+    """``optimizer=<name>``: a registered optimizer, the keys all share, and its own."""
+
+    name: str = "adamw"
+    args: dict[str, Any] = field(default_factory=dict)  # optimizer.<key>: e.g. betas, momentum
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    schedule: Schedule = Schedule.none
+    warmup_steps: int = 0  # cosine: linear warm-up steps
+    min_lr_ratio: float = 0.0  # cosine: final lr / lr
+
+
+# Which typed config each open section becomes (the rest of its keys go to ``args``).
+COMPONENTS: dict[str, type] = {
+    "model": ModelConfig,
+    "dataset": DatasetConfig,
+    "optimizer": OptimizerConfig,
+}
+
+
+# ---------------------------------------------------------------- trainer
+
+
+class Device(Enum):
+    auto = "auto"
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+@dataclass
+class TrainerConfig:
+    device: Device = Device.auto
+    epochs: int = 10
+    max_steps: int = -1  # > 0 stops after this many optimizer steps
+    batch_size: int = 64
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    grad_clip: float = 0.0  # max global grad norm; 0 disables (with a scaler: after unscale_)
+    # Multiplies the training loss before backward, so every gradient shrinks by the same
+    # factor (train/loss is logged unmultiplied). 1.0 normally; experiment=underflow_demo uses
+    # a small value to move gradients below fp16's range, as a tiny loss magnitude would.
+    loss_multiplier: float = 1.0
+    eval_every: int = 1  # epochs between evaluations (and always at the end)
+    log_every: int = 10  # optimizer steps between train/loss logs
+    timing_warmup_steps: int = 5  # steps excluded from perf/step_time_ms
+    seed: int = 0
+    deterministic: bool = False  # bit-for-bit repeatable runs (slower kernels)
+    num_workers: int = 0  # DataLoader workers (only for data that is not preloaded)
+    compile: bool = False  # torch.compile the model
+    channels_last: bool = False  # NHWC memory format for image models
+    progress: bool = True  # a progress bar per epoch at the console
+    # checkpoints and resume
+    checkpoint_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    checkpoint_dir: str | None = None  # None: outputs/checkpoints
+    resume: str | None = None  # auto | a checkpoint path | an MLflow run id
+    # divergence: stop after this many consecutive non-finite losses (0 disables)
+    max_nonfinite_steps: int = 20
+    # processes for DistributedDataParallel (1: no DDP); >1 starts torchrun's elastic launcher
+    nproc: int = 1
+
+
+# ---------------------------------------------------------------- tracking
+
+
+class Tracker(Enum):
+    mlflow = "mlflow"
+    none = "none"
+
+
+@dataclass
+class TrackingConfig:
+    backend: Tracker = Tracker.mlflow
+    # None: $MLFLOW_TRACKING_URI if set, else sqlite:///<cwd>/outputs/mlflow.db
+    uri: str | None = None
+    experiment: str = "ampsweep"
+    run_name: str | None = None  # None: <precision>-<model>-<dataset>
+    artifact_root: str = "outputs/mlartifacts"  # where new experiments store artifacts
+    # Metrics are buffered and written in one asynchronous batch every metrics_flush_seconds
+    # (and at the end of the run); metrics_flush_every > 0 also writes every N log calls.
+    metrics_flush_seconds: float = 10.0
+    metrics_flush_every: int = 0
+    skip_finished: bool = True  # a sweep relaunch skips jobs whose identical config FINISHED
+
+
+@dataclass
+class DiagnosticsConfig:
+    """Gradient-underflow diagnostics, measured on the true (unscaled) gradients."""
+
+    every: int = 0  # optimizer steps between measurements (0: off; it costs a pass over grads)
+    per_layer: bool = True  # write a per-layer table artifact at the end of the run
+
+
+# ---------------------------------------------------------------- root
+
+
+def shared_defaults(cls: type) -> dict[str, Any]:
+    """The keys every builder of a component kind shares, with their defaults: present in the
+    composed section whatever option is picked, so ``dataset.preload=true`` needs no ``+``."""
+    obj = cls()
+    out = {}
+    for f in fields(cls):
+        if f.name not in ("name", "args"):
+            value = getattr(obj, f.name)
+            out[f.name] = value.name if isinstance(value, Enum) else value
+    return out
+
+
+@dataclass
+class Schema:
+    """What Hydra composes: the fixed sections typed, the components open (see module doc)."""
+
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: dict[str, Any] = field(default_factory=lambda: shared_defaults(ModelConfig))
+    dataset: dict[str, Any] = field(default_factory=lambda: shared_defaults(DatasetConfig))
+    optimizer: dict[str, Any] = field(default_factory=lambda: shared_defaults(OptimizerConfig))
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+
+
+@dataclass
+class Config:
+    """What runs: ``Schema`` with each component typed (made by ``compose.to_config``)."""
+
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+
+
+def _positive(problems: list[str], key: str, value: Any, fix: str, strict: bool = True) -> None:
+    bad = value <= 0 if strict else value < 0
+    if bad or (isinstance(value, float) and not math.isfinite(value)):
+        need = "> 0" if strict else ">= 0"
+        problems.append(f"{key}={value} must be {need}: {fix}")
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every range and cross-field problem of the shared keys, each as 'key=value ...: fix'.
+    (A builder's own settings are checked by the engine, where the builder lives.)"""
+    p: list[str] = []
+    t, s, o, d = cfg.trainer, cfg.precision.scaler, cfg.optimizer, cfg.dataset
+    _positive(p, "trainer.epochs", t.epochs, "set trainer.epochs=10")
+    _positive(p, "trainer.batch_size", t.batch_size, "set e.g. trainer.batch_size=64")
+    _positive(p, "trainer.grad_accum_steps", t.grad_accum_steps, "use 1 for no accumulation")
+    _positive(p, "trainer.eval_every", t.eval_every, "set trainer.eval_every=1")
+    _positive(p, "trainer.log_every", t.log_every, "set trainer.log_every=10")
+    _positive(p, "trainer.grad_clip", t.grad_clip, "use 0 to disable clipping", strict=False)
+    _positive(p, "trainer.loss_multiplier", t.loss_multiplier, "use 1.0 for the plain loss")
+    _positive(p, "trainer.timing_warmup_steps", t.timing_warmup_steps, "use 0", strict=False)
+    _positive(p, "trainer.num_workers", t.num_workers, "use 0", strict=False)
+    _positive(p, "trainer.checkpoint_every", t.checkpoint_every, "use 0 for end only", strict=False)
+    _positive(p, "trainer.keep_checkpoints", t.keep_checkpoints, "use e.g. 2")
+    _positive(
+        p, "trainer.max_nonfinite_steps", t.max_nonfinite_steps, "use 0 to disable", strict=False
+    )
+    _positive(p, "trainer.nproc", t.nproc, "use 1 for a single process")
+    _positive(p, "diagnostics.every", cfg.diagnostics.every, "use 0 for off", strict=False)
+    if t.max_steps == 0 or t.max_steps < -1:
+        p.append(f"trainer.max_steps={t.max_steps} must be > 0, or -1 for no limit")
+    _positive(p, "precision.scaler.init_scale", s.init_scale, "use e.g. 65536.0")
+    _positive(p, "precision.scaler.growth_interval", s.growth_interval, "use e.g. 2000")
+    _positive(p, "precision.scaler.min_scale", s.min_scale, "use e.g. 1.0")
+    if not s.growth_factor > 1.0:
+        p.append(
+            f"precision.scaler.growth_factor={s.growth_factor} must be > 1.0: use e.g. 2.0, "
+            "or precision.scaler.dynamic=false for a fixed scale"
+        )
+    if not 0.0 < s.backoff_factor < 1.0:
+        p.append(f"precision.scaler.backoff_factor={s.backoff_factor} must be in (0, 1): use 0.5")
+    _positive(p, "optimizer.lr", o.lr, "use e.g. optimizer.lr=1e-3")
+    _positive(p, "optimizer.weight_decay", o.weight_decay, "use 0 for none", strict=False)
+    _positive(p, "optimizer.warmup_steps", o.warmup_steps, "use 0", strict=False)
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        p.append(f"optimizer.min_lr_ratio={o.min_lr_ratio} must be in [0, 1]")
+    if not 0.0 < d.val_fraction < 1.0:
+        p.append(f"dataset.val_fraction={d.val_fraction} must be in (0, 1): use e.g. 0.2")
+    if d.preload not in {x.value for x in Preload}:
+        p.append(f"dataset.preload={d.preload} must be one of auto, true, false")
+    _positive(p, "dataset.random_crop_padding", d.random_crop_padding, "use 0", strict=False)
+    if len(d.mean) != len(d.std) or any(x <= 0 for x in d.std):
+        p.append(
+            f"dataset.mean={list(d.mean)} / dataset.std={list(d.std)} need equal lengths and "
+            "positive std (one value per channel, or both empty for the data set's own)"
+        )
+    p.extend(modes.problems(cfg.precision))
+    if cfg.tracking.metrics_flush_every < 0:
+        p.append(f"tracking.metrics_flush_every={cfg.tracking.metrics_flush_every} must be >= 0")
+    if not cfg.tracking.metrics_flush_seconds >= 0:
+        p.append(
+            f"tracking.metrics_flush_seconds={cfg.tracking.metrics_flush_seconds} must be >= 0"
+        )
+    return p
+
+
+def register_configs() -> None:
+    """Register the schema so YAML files under conf/ are validated against it."""
+    from hydra.core.config_store import ConfigStore
+
+    # Only the root is stored: conf/config.yaml lists it first in its defaults, so every group
+    # file merges onto a typed node. (Group-level schemas would show up as selectable options.)
+    ConfigStore.instance().store(name="ampsweep_schema", node=Schema)

@@ -1,0 +1,147 @@
+"""Build everything a run needs from its config: ``build`` turns a validated Config into a
+``Setup`` (device, precision policy, data, model, optimizer, schedule, scaler), which the
+training loop (``engine.loop.fit``) runs.
+
+Everything that can refuse the config (hardware, data, shapes) fails here, before a run is
+recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from ampsweep.config.schema import Config, ConfigError, Device
+from ampsweep.engine import components, data, distributed, models, optim
+from ampsweep.engine.data.batches import Augment, Batches
+from ampsweep.measure.diagnostics import Diagnostics
+from ampsweep.measure.memory import reset_peak_memory
+from ampsweep.precision.policy import PrecisionPolicy, build_policy
+
+
+def select_device(choice: Device) -> torch.device:
+    if choice == Device.cuda and not torch.cuda.is_available():
+        raise ConfigError(
+            "trainer.device=cuda: no CUDA GPU is visible to PyTorch here: use "
+            "trainer.device=cpu (or auto), or run on a machine with a GPU"
+        )
+    if choice == Device.cpu or (choice == Device.auto and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed every generator and set the determinism flags both ways (sweeps share a process)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+
+
+@dataclass
+class Setup:
+    cfg: Config  # with the precision mode resolved (what actually runs)
+    device: torch.device
+    policy: PrecisionPolicy
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_batches: Batches
+    val_batches: Batches
+    steps_per_epoch: int
+    total_steps: int
+    num_params: int
+    dataset_info: dict = field(default_factory=dict)
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)  # off unless configured
+
+
+def resolve(cfg: Config) -> Config:
+    """The config as it will run here: components checked and completed, and the precision
+    mode resolved for this machine (``auto`` decided, derived fields filled in). Cheap: no
+    data is loaded, so a sweep can decide up front whether a job is already done."""
+    cfg = components.resolve(cfg)
+    policy = build_policy(cfg.precision, select_device(cfg.trainer.device))
+    return replace(cfg, precision=policy.resolved_config(cfg.precision))
+
+
+def build(cfg: Config) -> Setup:
+    t = cfg.trainer
+    rank = distributed.current()  # the process group is joined before build (the job)
+    device = select_device(t.device)
+    cfg = components.resolve(cfg)
+    policy = build_policy(cfg.precision, device)
+    cfg = replace(cfg, precision=policy.resolved_config(cfg.precision))
+    seed_everything(t.seed, t.deterministic)
+    policy.set_global_state()
+    reset_peak_memory(device)
+
+    splits = data.load(cfg.dataset)
+    preload = data.should_preload(cfg.dataset, splits)
+    train_split, val_split = splits.train, splits.val
+    if preload and not splits.in_memory:
+        train_split, val_split = data.materialise(train_split), data.materialise(val_split)
+    common = dict(
+        device=device,
+        dtype=policy.param_dtype,
+        seed=t.seed,
+        preload=preload,
+        num_workers=t.num_workers,
+        channels_last=t.channels_last,
+        rank=rank.rank,
+        world_size=rank.world_size,
+    )
+    augment = Augment(cfg.dataset.random_crop_padding, cfg.dataset.horizontal_flip)
+    train_batches = Batches(
+        train_split, t.batch_size, shuffle=True, drop_last=True, augment=augment, **common
+    )
+    val_batches = Batches(val_split, t.batch_size, shuffle=False, drop_last=False, **common)
+    steps_per_epoch = len(train_batches) // t.grad_accum_steps
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"trainer.grad_accum_steps={t.grad_accum_steps} needs more micro-batches than the "
+            f"{len(train_batches)} an epoch has: lower it or trainer.batch_size"
+        )
+    total = steps_per_epoch * t.epochs
+    total = min(total, t.max_steps) if t.max_steps > 0 else total
+
+    model = models.build_model(cfg.model, splits.input_shape, splits.num_classes)
+    num_params = models.count_parameters(model)
+    model = policy.prepare_model(model.to(device))
+    if t.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
+    optimizer = optim.build_optimizer(cfg.optimizer, model, device)
+    schedule = optim.build_schedule(cfg.optimizer, optimizer, total)
+    if t.compile:
+        model = torch.compile(model)
+    return Setup(
+        cfg=cfg,
+        device=device,
+        policy=policy,
+        model=model,
+        optimizer=optimizer,
+        schedule=schedule,
+        scaler=policy.make_scaler(),
+        train_batches=train_batches,
+        val_batches=val_batches,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total,
+        num_params=num_params,
+        dataset_info={
+            "train_samples": train_batches.n,
+            "val_samples": val_batches.n,
+            "input_shape": "x".join(map(str, splits.input_shape)),
+            "num_classes": splits.num_classes,
+            "preload": preload,
+        },
+        diagnostics=Diagnostics(cfg.diagnostics, t.loss_multiplier / t.grad_accum_steps),
+    )

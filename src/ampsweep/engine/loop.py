@@ -1,0 +1,311 @@
+"""The training loop: one loop for every precision mode, every AMP step in order.
+
+The precision policy supplies an autocast context (or a disabled one) and a GradScaler (a no-op
+when disabled), so ``fit`` has no per-mode branches. What is not a training step lives beside
+it: the running totals (``Totals``), the end-of-run numbers (``summarise``), and null objects
+for the progress bar, the checkpointer and the stop request, so the loop never asks whether
+one is there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ampsweep.engine import distributed
+from ampsweep.engine.build import Setup
+from ampsweep.engine.data.batches import Batches
+from ampsweep.measure import flops
+from ampsweep.measure.divergence import NonfiniteWatch
+from ampsweep.measure.memory import SavedTensorMeter, peak_memory
+from ampsweep.measure.timing import StepTimer
+from ampsweep.precision.policy import PrecisionPolicy, found_inf
+
+LogFn = Callable[[dict[str, float], int], None]
+
+
+@dataclass
+class TrainState:
+    """Where training is: enough to continue it (the optimizer steps taken so far)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # micro-batches of ``epoch`` already consumed
+    # Running totals a resumed run continues from (plain numbers, stored in checkpoints).
+    loss_sum: float = 0.0  # train/loss of the steps since the last log step, not yet logged
+    loss_terms: int = 0
+    skipped: float = 0.0  # amp/skipped_steps so far
+    activation_bytes: int = 0  # mem/activation_mib, measured on the very first step
+    wall_s: float = 0.0  # training time of earlier segments of this run
+    nonfinite_run: int = 0  # consecutive non-finite steps (divergence)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C, honoured at a step boundary after a checkpoint was written."""
+
+
+# ---------------------------------------------------------------- null objects
+
+
+class NoProgress:
+    """No progress bar (the console's bar has the same methods)."""
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None: ...
+    def update(self, step: int, metrics: dict, step_ms: float | None) -> None: ...
+    def end_epoch(self) -> None: ...
+
+
+class NoCheckpoints:
+    """No checkpoints (ranks other than 0, or tests): never due, saves nothing."""
+
+    def due(self, step: int) -> bool:
+        return False
+
+    def save(self, setup: Setup, state: TrainState, complete: bool = False) -> None:
+        return None
+
+
+class NoStop:
+    """No stop request ever arrives."""
+
+    requested = False
+
+
+# ---------------------------------------------------------------- running totals
+
+
+class Totals:
+    """The running totals of a run, summed on the device so that a step adds no sync."""
+
+    def __init__(self, device: torch.device, state: TrainState, timer: StepTimer, model):
+        self.loss_sum = torch.full((), state.loss_sum, device=device)
+        self.loss_terms = state.loss_terms
+        self.skipped = torch.full((), state.skipped, device=device)
+        self.meter = SavedTensorMeter(model, state.activation_bytes)
+        self.watch: NonfiniteWatch | None = None  # set by fit
+        self.timer = timer
+        self.started = time.perf_counter() - state.wall_s
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        self.loss_sum += loss.detach()
+        self.loss_terms += 1
+
+    def take_metrics(self, schedule, scaler: torch.amp.GradScaler) -> dict[str, float]:
+        """The metrics of a log step, then a fresh loss window (a sync point)."""
+        distributed.all_reduce(self.loss_sum)  # the mean over every rank's batches
+        world = distributed.current().world_size
+        metrics = {"train/loss": self.loss_sum.item() / self.loss_terms / world}
+        metrics["train/lr"] = schedule.get_last_lr()[0]
+        if scaler.is_enabled():
+            metrics["amp/loss_scale"] = scaler.get_scale()
+            metrics["amp/skipped_steps"] = self.skipped.item()
+        self.loss_sum.zero_()
+        self.loss_terms = 0
+        return metrics
+
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def state_dict(self) -> dict:
+        """The totals as plain numbers, for a checkpoint's TrainState (a sync)."""
+        return {
+            "loss_sum": self.loss_sum.item(),
+            "loss_terms": self.loss_terms,
+            "skipped": self.skipped.item(),
+            "activation_bytes": self.meter.bytes,
+            "wall_s": self.wall_s(),
+            "nonfinite_run": self.watch.count() if self.watch else 0,
+        }
+
+    def save_to(self, state: TrainState) -> TrainState:
+        for key, value in self.state_dict().items():
+            setattr(state, key, value)
+        return state
+
+
+# ---------------------------------------------------------------- the loop
+
+# The scheduler steps even when the scaler skipped the optimizer step (the schedule follows
+# steps taken, not updates applied); PyTorch warns about that order, which is intended here.
+SCHEDULER_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before")
+
+
+def fit(
+    s: Setup,
+    log: LogFn,
+    progress=NoProgress(),  # noqa: B008 - stateless null objects
+    state: TrainState | None = None,
+    checkpoints=NoCheckpoints(),  # noqa: B008
+    stop=NoStop(),  # noqa: B008
+) -> dict[str, float]:
+    """Train; call ``log(metrics, step)`` as metrics come; return the final numbers.
+
+    ``state``: where to continue from (a restored checkpoint). ``checkpoints``: decides when a
+    save is due and writes it. ``stop.requested`` turns true on SIGTERM/Ctrl-C; the loop then
+    checkpoints at the next step boundary and raises Interrupted.
+    """
+    t = s.cfg.trainer
+    model, optimizer, scaler, policy, diag = s.model, s.optimizer, s.scaler, s.policy, s.diagnostics
+    accum = t.grad_accum_steps
+    loss_weight = t.loss_multiplier / accum  # what backward sees (train/loss is unweighted)
+    state = state or TrainState()
+    timer = StepTimer(s.device, t.timing_warmup_steps)
+    totals = Totals(s.device, state, timer, model)
+    watch = totals.watch = NonfiniteWatch(
+        t.max_nonfinite_steps, s.cfg.precision.scaler.min_scale, scaler, state.nonfinite_run
+    )
+    evaluation = (float("nan"), float("nan"))
+    model.train()
+    while not _finished(state, t):
+        progress.start_epoch(state.epoch, t.epochs, s.steps_per_epoch)
+        for x, y in _batches_left(s, state):
+            if state.batch % accum == 0:
+                timer.start()
+            # Autocast covers the forward pass and the loss only; backward runs outside it.
+            with (
+                policy.autocast(),
+                totals.meter.record(enabled=state.step == 0 and state.batch == 0),
+            ):
+                logits = model(x)
+                loss = F.cross_entropy(logits.float(), y)
+            # Scale the loss so small fp16 gradients do not underflow (a no-op when disabled).
+            scaler.scale(loss * loss_weight).backward()
+            totals.add_loss(loss)
+            state.batch += 1
+            if state.batch % accum:
+                continue  # accumulate gradients over micro-batches
+            # Unscale in place first, so clipping sees (and the step applies) true gradients.
+            scaler.unscale_(optimizer)
+            if diag.due(state.step + 1):  # gradient underflow, measured on true gradients
+                log(diag.measure(distributed.unwrap(model), scaler, x, y), state.step + 1)
+            if t.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
+            scaler.step(optimizer)
+            scaler.update()  # dynamic: back off on inf, grow after growth_interval clean steps
+            optimizer.zero_grad(set_to_none=True)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=SCHEDULER_ORDER_WARNING)
+                s.schedule.step()
+            state.step += 1
+            timer.stop()
+            totals.skipped += skipped
+            watch.observe(loss, skipped, scaler)  # divergence: settled at log steps
+
+            if state.step % t.log_every == 0:
+                metrics = totals.take_metrics(s.schedule, scaler)  # a sync point
+                log(metrics, state.step)
+                progress.update(state.step, metrics, timer.last_ms())
+                watch.check(state.step)  # raises Diverged (the device is synced here anyway)
+            if checkpoints.due(state.step) and not _finished(state, t):
+                watch.check(state.step)  # never checkpoint a run that has diverged
+                checkpoints.save(s, totals.save_to(state))
+            if stop.requested:  # SIGTERM / Ctrl-C, seen between optimizer steps
+                progress.end_epoch()
+                where = checkpoints.save(s, totals.save_to(state))
+                raise Interrupted(f"stopped at step {state.step}, checkpoint {where}")
+            if _reached_max_steps(state, t.max_steps):
+                break
+        progress.end_epoch()
+        if _end_of_epoch(s, state):
+            evaluation = evaluate(model, s.val_batches, policy)
+            log({"val/loss": evaluation[0], "val/acc": evaluation[1]}, state.step)
+
+    watch.check(state.step)  # the steps since the last log step
+    checkpoints.save(s, totals.save_to(state), complete=True)
+    return summarise(s, state, totals, evaluation)
+
+
+def _batches_left(s: Setup, state: TrainState):
+    """The micro-batches of ``state.epoch`` not consumed yet (a trailing partial accumulation
+    is dropped, so every optimizer step sees ``grad_accum_steps`` micro-batches)."""
+    micro_batches = s.steps_per_epoch * s.cfg.trainer.grad_accum_steps
+    left = micro_batches - state.batch
+    return itertools.islice(s.train_batches.epoch(state.epoch, state.batch), left)
+
+
+def _end_of_epoch(s: Setup, state: TrainState) -> bool:
+    """Advance to the next epoch if this one is complete; whether to evaluate now (every
+    ``eval_every`` epochs, and always at the end of training)."""
+    t = s.cfg.trainer
+    complete = state.batch >= s.steps_per_epoch * t.grad_accum_steps
+    if complete:
+        state.epoch += 1
+        state.batch = 0
+    return _finished(state, t) or (complete and state.epoch % t.eval_every == 0)
+
+
+def _finished(state: TrainState, t) -> bool:
+    return state.epoch >= t.epochs or _reached_max_steps(state, t.max_steps)
+
+
+def _reached_max_steps(state: TrainState, max_steps: int) -> bool:
+    return 0 < max_steps <= state.step
+
+
+@torch.inference_mode()
+def evaluate(model, batches: Batches, policy: PrecisionPolicy) -> tuple[float, float]:
+    """Mean loss and accuracy over a whole split, under the run's autocast.
+
+    Under DDP each rank scores its shard with the plain module (DDP's forward would sync
+    buffers, and shards may differ by one batch) and the sums are added over the ranks."""
+    model = distributed.unwrap(model) if distributed.current().enabled else model
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), device=batches.device, dtype=torch.float64)
+    correct = torch.zeros((), device=batches.device, dtype=torch.long)
+    for x, y in batches.epoch(0):
+        with policy.autocast():
+            logits = model(x)
+            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
+        correct += (logits.argmax(dim=1) == y).sum()
+    model.train(was_training)
+    distributed.all_reduce(loss_sum)
+    distributed.all_reduce(correct)
+    n = batches.n  # the whole split: every rank's shard together
+    return loss_sum.item() / n, correct.item() / n  # one sync per evaluation
+
+
+def summarise(
+    s: Setup, state: TrainState, totals: Totals, evaluation: tuple[float, float]
+) -> dict[str, float]:
+    """The run's final numbers: accuracy, speed, memory, loss scaling, FLOPs/MFU."""
+    t = s.cfg.trainer
+    median_ms = totals.timer.median_ms()
+    summary: dict[str, float] = {
+        "val/loss": evaluation[0],
+        "val/acc": evaluation[1],
+        "perf/wall_s": totals.wall_s(),
+        "mem/activation_mib": totals.meter.mib,
+        "amp/skipped_steps": totals.skipped.item(),
+        "train/steps": state.step,
+    }
+    if median_ms:
+        summary["perf/step_time_ms"] = median_ms
+        summary["perf/samples_per_s"] = t.batch_size * t.grad_accum_steps * 1000.0 / median_ms
+    if s.scaler.is_enabled():
+        summary["amp/loss_scale"] = s.scaler.get_scale()
+    summary.update(peak_memory(s.device))
+    # FLOPs of one step, counted once after training (untimed; after the memory peaks).
+    # Per rank under DDP: perf/tflops and perf/mfu are per GPU.
+    if median_ms:
+        x, y = next(iter(s.train_batches.epoch(0)))
+        module = distributed.unwrap(s.model)
+        step_flops = flops.train_step_flops(module, x, y, s.policy, t.grad_accum_steps)
+        summary.update(flops.speed_metrics(step_flops, median_ms, s.device, s.policy))
+    if distributed.current().enabled:
+        # One run for the whole group: throughput adds up, memory is the worst rank's.
+        summed = distributed.reduce_floats(
+            {"perf/samples_per_s": summary.get("perf/samples_per_s", 0.0)}, "sum", s.device
+        )
+        peaks = {k: v for k, v in summary.items() if k.startswith("mem/peak")}
+        summary.update(summed)
+        summary.update(distributed.reduce_floats(peaks, "max", s.device))
+    return summary

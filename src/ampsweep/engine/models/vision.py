@@ -1,0 +1,85 @@
+"""torchvision's ResNets and VisionTransformer, adapted to small images and any channel count."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine.models import MODELS
+from ampsweep.engine.registry import all_of, fraction, positive
+
+
+def _resnet(factory: str, input_shape: tuple, num_classes: int, small_input_max_px: int):
+    import torchvision.models
+
+    c, h, w = input_shape
+    model = getattr(torchvision.models, factory)(weights=None, num_classes=num_classes)
+    if max(h, w) <= small_input_max_px:
+        # CIFAR-style stem: a 7x7/2 conv plus max-pool would shrink 32 px to 8 px at once.
+        model.conv1 = nn.Conv2d(c, 64, 3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    elif c != 3:
+        model.conv1 = nn.Conv2d(c, 64, 7, stride=2, padding=3, bias=False)
+    return model
+
+
+@MODELS.register("resnet18", check=positive("small_input_max_px"))
+def resnet18(input_shape: tuple, num_classes: int, *, small_input_max_px: int = 64) -> nn.Module:
+    """torchvision ResNet-18; images of at most ``small_input_max_px`` a side get a 3x3/1 stem
+    without max-pool, so small images are not pooled away."""
+    return _resnet("resnet18", input_shape, num_classes, small_input_max_px)
+
+
+@MODELS.register("resnet50", check=positive("small_input_max_px"))
+def resnet50(input_shape: tuple, num_classes: int, *, small_input_max_px: int = 64) -> nn.Module:
+    """torchvision ResNet-50, its stem adapted for small images as for resnet18."""
+    return _resnet("resnet50", input_shape, num_classes, small_input_max_px)
+
+
+def _check_vit(s: dict) -> list[str]:
+    problems = all_of(
+        positive("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim"),
+        fraction("dropout"),
+    )(s)
+    if not problems and s["hidden_dim"] % s["num_heads"]:
+        problems.append(
+            f"hidden_dim={s['hidden_dim']} must be divisible by model.num_heads={s['num_heads']}"
+        )
+    return problems
+
+
+@MODELS.register("vit", check=_check_vit)
+def vit(
+    input_shape: tuple,
+    num_classes: int,
+    *,
+    patch_size: int = 2,
+    hidden_dim: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    mlp_dim: int = 256,
+    dropout: float = 0.0,
+) -> nn.Module:
+    """A torchvision VisionTransformer; the image size must be divisible by ``patch_size``."""
+    from torchvision.models import VisionTransformer
+
+    c, h, w = input_shape
+    if h != w or h % patch_size:
+        divisors = [d for d in range(1, h + 1) if h % d == 0 and d > 1]
+        raise ConfigError(
+            f"model.patch_size={patch_size} must divide the {h}x{w} images of this data set: "
+            f"use one of {divisors}" + ("" if h == w else " (and square images)")
+        )
+    model = VisionTransformer(
+        image_size=h,
+        patch_size=patch_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        mlp_dim=mlp_dim,
+        dropout=dropout,
+        num_classes=num_classes,
+    )
+    if c != 3:
+        model.conv_proj = nn.Conv2d(c, hidden_dim, patch_size, stride=patch_size)
+    return model

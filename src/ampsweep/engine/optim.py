@@ -1,0 +1,89 @@
+"""Optimizers (the OPTIMIZERS registry) and the learning-rate schedule.
+
+An optimizer is one function registered with ``@OPTIMIZERS.register(name)`` plus one YAML file
+``conf/optimizer/<name>.yaml``. It receives the parameters to train, the shared ``lr`` and
+``weight_decay`` and the device, and its own settings as keyword arguments (``optimizer.<key>``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ampsweep.config.schema import OptimizerConfig, Schedule
+from ampsweep.engine.registry import Registry
+
+OPTIMIZERS = Registry("optimizer", provided=("params", "lr", "weight_decay", "device"))
+
+
+def _check_sgd(s: dict) -> list[str]:
+    problems = []
+    if not 0.0 <= s["momentum"] < 1.0:
+        problems.append(f"momentum={s['momentum']} must be in [0, 1): use e.g. 0.9")
+    if s["nesterov"] and s["momentum"] == 0:
+        problems.append("nesterov=true needs momentum > 0")
+    return problems
+
+
+@OPTIMIZERS.register("sgd", check=_check_sgd)
+def sgd(params, lr: float, weight_decay: float, device, *, momentum: float = 0.9,
+        nesterov: bool = False) -> torch.optim.Optimizer:  # fmt: skip
+    """SGD with momentum (and optionally Nesterov momentum)."""
+    return torch.optim.SGD(
+        params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
+    )
+
+
+def _check_adamw(s: dict) -> list[str]:
+    problems = []
+    betas = s["betas"]
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        problems.append(f"betas={list(betas)} must be two values in [0, 1): use [0.9,0.999]")
+    if not s["eps"] > 0:
+        problems.append(f"eps={s['eps']} must be > 0: use e.g. 1e-8")
+    return problems
+
+
+@OPTIMIZERS.register("adamw", check=_check_adamw)
+def adamw(
+    params,
+    lr: float,
+    weight_decay: float,
+    device: torch.device,
+    *,
+    betas: list[float] = (0.9, 0.999),  # noqa: B006 - a tuple default, typed as the list it reads
+    eps: float = 1e-8,
+    fused: bool | None = None,
+) -> torch.optim.Optimizer:
+    """AdamW. ``fused``: None means fused on CUDA, where one kernel per parameter group runs
+    the whole update; GradScaler knows it and passes the inf flags instead of syncing."""
+    fused = fused if fused is not None else device.type == "cuda"
+    return torch.optim.AdamW(
+        params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused or None
+    )
+
+
+def build_optimizer(
+    cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device
+) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    builder = OPTIMIZERS.lookup(cfg.name)
+    return builder.fn(params, cfg.lr, cfg.weight_decay, device, **cfg.args)
+
+
+def build_schedule(
+    cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """``none``: constant; ``cosine``: linear warm-up, then cosine decay to min_lr_ratio."""
+    if cfg.schedule == Schedule.none:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    warmup, floor = cfg.warmup_steps, cfg.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

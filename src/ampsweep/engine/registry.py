@@ -1,0 +1,188 @@
+"""Registries: a model, a data set or an optimizer is one function registered by name.
+
+A registry is a plain dict from a name to a ``Builder`` (the function and what it says about
+itself), filled by a decorator next to the function::
+
+    @MODELS.register("cnn", check=...)
+    def cnn(input_shape, num_classes, *, width: int = 32, depth: int = 2) -> nn.Module: ...
+
+The function's signature is its config. Parameters whose names the registry ``provides``
+(for a model: ``input_shape``, ``num_classes``, ...) are filled in by ampsweep; every other
+keyword parameter is a setting the user sets as ``<section>.<name>`` (``model.width=16``),
+typed by its annotation and defaulting to its default. ``resolve`` checks a section's settings
+against the signature before anything is built and reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any
+
+from ampsweep.config.messages import KIND_WORDS
+from ampsweep.config.schema import ConfigError
+
+# A check of a builder's settings: its problems, each "key=value ...: fix" without the section.
+Check = Callable[[dict[str, Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class Builder:
+    kind: str  # "model", "dataset", "optimizer": also the config section
+    name: str
+    fn: Callable
+    provided: frozenset[str]  # parameters ampsweep fills in itself
+    check: Check | None = None  # range and cross-field rules: (settings) -> problems
+    info: dict[str, Any] = field(default_factory=dict)  # what the builder says of itself
+
+    def settings(self) -> dict[str, inspect.Parameter]:
+        """The parameters a user sets: every named parameter ampsweep does not provide."""
+        return {
+            n: p
+            for n, p in inspect.signature(self.fn).parameters.items()
+            if n not in self.provided
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
+        }
+
+    def takes_any(self) -> bool:
+        """Whether the function takes ``**kwargs`` (then any extra setting is passed on)."""
+        params = inspect.signature(self.fn).parameters.values()
+        return any(p.kind == p.VAR_KEYWORD for p in params)
+
+    def resolve(self, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``given`` settings typed and completed with the defaults, and every problem."""
+        params = self.settings()
+        hints = _type_hints(self.fn)
+        section = self.kind
+        problems, out = [], {}
+        for key, value in given.items():
+            if key not in params:
+                if self.takes_any():
+                    out[key] = value
+                    continue
+                close = difflib.get_close_matches(key, list(params), n=1)
+                hint = f"did you mean {section}.{close[0]}?; " if close else ""
+                listing = ", ".join(params) or "none"
+                problems.append(
+                    f"{section}.{key}={value}: unknown key '{key}' for {section}={self.name}: "
+                    f"{hint}valid keys in {section}: {listing}"
+                )
+                continue
+            typed, problem = _typed(section, key, value, hints.get(key, Any), params[key].default)
+            if problem:
+                problems.append(problem)
+            else:
+                out[key] = typed
+        for key, p in params.items():
+            if key in out or key in given:
+                continue
+            if p.default is inspect.Parameter.empty:
+                problems.append(
+                    f"{section}.{key}: {section}={self.name} needs this setting: set it, e.g. "
+                    f"{section}.{key}=..."
+                )
+            else:  # typed like a given value, so a default and its restatement hash alike
+                typed, problem = _typed(section, key, p.default, hints.get(key, Any), p.default)
+                out[key] = p.default if problem else typed
+        if not problems and self.check:  # a check names keys without the section
+            problems.extend(f"{section}.{p}" for p in self.check(out))
+        return out, problems
+
+
+def _type_hints(fn: Callable) -> dict[str, Any]:
+    """The annotations of ``fn`` (strings under ``from __future__ import annotations``)."""
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # an annotation that does not resolve here: leave the value untyped
+        return {}
+
+
+def _typed(section: str, key: str, value: Any, hint: Any, default: Any) -> tuple[Any, str | None]:
+    """``value`` converted to ``hint`` as OmegaConf converts config values (``"3"`` -> 3), or
+    the one-line problem. Annotations OmegaConf cannot type are taken as they are."""
+    from omegaconf import OmegaConf
+
+    try:
+        # Optional: the node starts empty (None) before the value is assigned and converted.
+        optional = typing.Optional[hint]  # noqa: UP045 - hint may be typing.Any (no | on 3.10)
+        node_type = make_dataclass("Setting", [(key, optional, field(default=None))])
+        node = OmegaConf.structured(node_type)
+    except Exception:  # not a type OmegaConf knows (a module, a callable): untyped
+        return value, None
+    try:
+        setattr(node, key, value)
+    except Exception as err:
+        text = str(err).splitlines()[0]
+        m = re.search(r"could not be converted to (\w+)", text)
+        want = KIND_WORDS.get(m.group(1), m.group(1)) if m else text
+        example = (
+            f", e.g. {section}.{key}={default}"
+            if default is not inspect.Parameter.empty and default is not None
+            else ""
+        )
+        return None, f"{section}.{key}={value}: expected {want}{example}"
+    return OmegaConf.to_container(node, resolve=True)[key], None
+
+
+class Registry(dict[str, Builder]):
+    """Builders of one kind by name. ``provided``: the parameter names ampsweep fills in."""
+
+    def __init__(self, kind: str, provided: tuple[str, ...]):
+        super().__init__()
+        self.kind, self.provided = kind, frozenset(provided)
+
+    def register(self, name: str, *, check: Check | None = None, **info) -> Callable:
+        """Decorator: register ``fn`` under ``name`` (``info``: facts about it, e.g. a task)."""
+
+        def add(fn: Callable) -> Callable:
+            if name in self:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self[name] = Builder(self.kind, name, fn, self.provided, check, info)
+            return fn
+
+        return add
+
+    def lookup(self, name: str) -> Builder:
+        if name not in self:
+            raise ConfigError(
+                f"{self.kind}.name={name}: invalid value: choose one of {', '.join(sorted(self))}"
+            )
+        return self[name]
+
+
+# ---------------------------------------------------------------- checks builders share
+
+
+def positive(*keys: str) -> Check:
+    """A check that each of ``keys`` is > 0."""
+
+    def check(settings: dict[str, Any]) -> list[str]:
+        return [
+            f"{k}={settings[k]} must be > 0"
+            for k in keys
+            if settings.get(k) is not None and not settings[k] > 0
+        ]
+
+    return check
+
+
+def fraction(key: str) -> Check:
+    """A check that ``key`` is in [0, 1) (a dropout probability)."""
+
+    def check(settings: dict[str, Any]) -> list[str]:
+        v = settings.get(key)
+        return [] if v is None or 0.0 <= v < 1.0 else [f"{key}={v} must be in [0, 1)"]
+
+    return check
+
+
+def all_of(*checks: Check) -> Check:
+    def check(settings: dict[str, Any]) -> list[str]:
+        return [p for c in checks for p in c(settings)]
+
+    return check

@@ -1,0 +1,172 @@
+"""The precision modes: one table, the only place a mode's properties are written down.
+
+Everything that depends on a mode (the training loop's policy, config validation, the report
+and its findings, the charts, the underflow diagnostics, ``reproduce``, FLOPs/MFU) asks this
+table rather than naming modes. A new mode that fits these fields is one row here and one
+YAML file under ``conf/precision/``. No torch here: the config layer and the report (which
+must answer without importing torch) read it too. The precision section of the config
+(``PrecisionConfig``) is defined and checked here as well, beside the table it refers to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+AUTO = "auto"  # resolved at run time from the hardware (see ``auto_mode``)
+
+
+@dataclass(frozen=True)
+class PrecisionMode:
+    name: str
+    # dtype of matmuls and convolutions: autocast's dtype, or the parameters' dtype if pure
+    dtype: str  # "fp32" | "fp16" | "bf16"
+    autocast: bool  # forward + loss run under torch.autocast(dtype)
+    color: str  # its colour in the report's charts
+    pure: bool = False  # parameters, activations and gradients are stored in dtype
+    tf32: bool = False  # TF32 tensor-core math for fp32 matmuls/convolutions (CUDA only)
+    scaler: bool = False  # a GradScaler is on by default
+    dynamic_scale: bool = True  # the loss scale grows and backs off (False: a fixed scale)
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where it can run
+    fallback: str = ""  # what to use instead where it cannot run (the error's fix)
+
+    @property
+    def half(self) -> bool:
+        """Whether any math runs in a 16-bit float (everything but fp32 and tf32)."""
+        return self.dtype != "fp32"
+
+    @property
+    def flop_kind(self) -> str:
+        """The column of a GPU's peak-throughput table this mode's math is measured against."""
+        return "tf32" if self.tf32 else self.dtype
+
+    @property
+    def unscaled_fp16(self) -> bool:
+        """fp16 math with no loss scaler by default: small gradients underflow to zero."""
+        return self.dtype == "fp16" and not self.scaler and not self.pure
+
+    @property
+    def full_range(self) -> bool:
+        """Gradients keep fp32's exponent range (fp32, tf32, bf16): nothing underflows as in
+        fp16, so these modes give the reference for gradient-underflow measurements."""
+        return self.dtype != "fp16"
+
+
+MODES: dict[str, PrecisionMode] = {
+    m.name: m
+    for m in (
+        PrecisionMode("fp32", "fp32", autocast=False, color="#4c72b0"),
+        PrecisionMode(
+            "tf32", "fp32", autocast=False, tf32=True, color="#64b5cd",
+            devices=("cuda",), fallback="fp32",
+        ),
+        PrecisionMode("fp16", "fp16", autocast=True, scaler=True, color="#dd8452"),
+        PrecisionMode(
+            "fp16_static", "fp16", autocast=True, scaler=True, dynamic_scale=False,
+            color="#c44e52",
+        ),
+        PrecisionMode("fp16_noscale", "fp16", autocast=True, color="#8c564b"),
+        PrecisionMode("bf16", "bf16", autocast=True, color="#55a868"),
+        # Pure fp16 on a CPU: many CPU kernels (convolution backward, fused optimizers) lack
+        # Half support.
+        PrecisionMode(
+            "fp16_pure", "fp16", autocast=False, pure=True, color="#da8bc3",
+            devices=("cuda",), fallback="bf16_pure or fp16",
+        ),
+        PrecisionMode("bf16_pure", "bf16", autocast=False, pure=True, color="#8172b3"),
+    )
+}  # fmt: skip
+
+NAMES = (AUTO, *MODES)  # every value precision.name accepts
+
+
+def get(name: str) -> PrecisionMode | None:
+    """The mode called ``name`` (a report may meet names it does not know: None)."""
+    return MODES.get(name)
+
+
+def auto_mode(device_type: str, bf16_supported: bool) -> str:
+    """``auto``: bf16 on a CUDA GPU with bf16, fp16 with a scaler on an older GPU, fp32 on a
+    CPU (where half precision is rarely faster)."""
+    if device_type == "cuda":
+        return "bf16" if bf16_supported else "fp16"
+    return "fp32"
+
+
+def color(name: str) -> str:
+    mode = MODES.get(name)
+    return mode.color if mode else "#777777"
+
+
+# ---------------------------------------------------------------- the precision config section
+
+
+class Dtype(Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+@dataclass
+class ScalerConfig:
+    """torch.amp.GradScaler options. ``None`` means "the mode's default"."""
+
+    enabled: bool | None = None  # fp16, fp16_static: on; every other mode: off
+    dynamic: bool | None = None  # False keeps the scale fixed at init_scale (fp16_static)
+    init_scale: float = 65536.0  # GradScaler default 2**16
+    growth_factor: float = 2.0  # multiply the scale after growth_interval clean steps (> 1)
+    backoff_factor: float = 0.5  # multiply the scale on an inf/NaN step (0 < x < 1)
+    growth_interval: int = 2000  # clean steps between growths
+    min_scale: float = 1.0  # below this, skipped steps count towards divergence
+
+
+@dataclass
+class PrecisionConfig:
+    """The precision mode; the derived fields are filled in when the mode is resolved."""
+
+    name: str = AUTO  # a mode of the table above, or auto
+    scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    # Resolved from ``name`` (see the table); recorded so the logged config says what ran.
+    dtype: Dtype | None = None
+    autocast: bool | None = None
+    pure: bool | None = None
+    tf32: bool | None = None
+
+
+# The fields above that a mode decides (cleared when another mode is picked).
+DERIVED_PRECISION = ("dtype", "autocast", "pure", "tf32")
+
+
+def problems(pc: PrecisionConfig) -> list[str]:
+    """A known mode; the derived fields may be restated, never contradict the mode."""
+    if pc.name not in NAMES:
+        return [f"precision.name={pc.name}: invalid value: choose one of {', '.join(NAMES)}"]
+    if pc.name == AUTO:
+        return []
+    mode = MODES[pc.name]
+    p = []
+    wanted = {"dtype": Dtype[mode.dtype], "autocast": mode.autocast, "pure": mode.pure,
+              "tf32": mode.tf32}  # fmt: skip
+    for key, value in wanted.items():
+        given = getattr(pc, key)
+        if given is not None and given != value:
+            shown = given.name if isinstance(given, Enum) else given
+            p.append(
+                f"precision.{key}={shown} contradicts precision={pc.name}, which means "
+                f"{key}={value.name if isinstance(value, Enum) else value}: pick the mode with "
+                f"precision=<mode> instead of setting precision.{key}"
+            )
+    problem = scaler_problem(mode, pc.scaler.enabled)
+    if problem:
+        p.append(problem)
+    return p
+
+
+def scaler_problem(mode: PrecisionMode, enabled: bool | None) -> str | None:
+    """GradScaler refuses half-precision gradients: a pure mode cannot take one."""
+    if mode.pure and enabled:
+        return (
+            f"precision.scaler.enabled=true cannot run with precision={mode.name}: "
+            "GradScaler refuses fp16/bf16 gradients; use precision=fp16 for scaled fp16"
+        )
+    return None

@@ -1,0 +1,164 @@
+"""The precision policy: everything a precision mode changes in a run, in one object.
+
+The training loop never branches on the mode. It asks the policy for an autocast context
+(a real one or a disabled one), a GradScaler (``enabled=False`` makes every call a no-op),
+the dtype its inputs and parameters live in, and the global TF32 flags, which every mode sets
+both ways because Hydra runs the jobs of a sweep in one process. What a mode *is* comes from
+the mode table (``precision.modes``); ``resolve_mode`` is the one place a configured mode
+becomes the mode that runs on a device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+
+import torch
+
+from ampsweep.errors import ConfigError
+from ampsweep.precision import modes
+from ampsweep.precision.modes import (
+    Dtype,
+    PrecisionConfig,
+    PrecisionMode,
+    ScalerConfig,
+    scaler_problem,
+)
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_mode(name: str, device: torch.device) -> PrecisionMode:
+    """The mode that runs for ``precision.name`` on ``device`` (``auto`` decided by the
+    hardware), refused with the fix where this hardware cannot run it."""
+    if name == modes.AUTO:
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        name = modes.auto_mode(device.type, bf16)
+    mode = modes.MODES[name]
+    if device.type not in mode.devices:
+        raise ConfigError(
+            f"precision={mode.name} needs a CUDA GPU, but this run is on {device.type}: "
+            f"use precision={mode.fallback} here, or run on a CUDA machine"
+        )
+    if (
+        device.type == "cuda"
+        and mode.dtype == "bf16"
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
+        raise ConfigError(
+            f"precision={mode.name} needs a GPU with native bf16 (compute capability 8.0+), "
+            f"and {torch.cuda.get_device_name(device)} has none: use precision=fp16"
+        )
+    return mode
+
+
+class StaticGradScaler(torch.amp.GradScaler):
+    """A GradScaler whose scale never changes.
+
+    ``step`` still skips an optimizer step whose gradients hold inf/NaN (the skip is counted by
+    the loop); ``update`` resets the scale to the fixed value instead of backing off or growing.
+    """
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        super().update(self._init_scale if new_scale is None else new_scale)
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    mode: PrecisionMode
+    device: torch.device
+    scaler: ScalerConfig  # enabled/dynamic resolved to booleans
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return TORCH_DTYPES[self.mode.dtype]
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """Dtype of parameters, gradients and inputs: half in pure modes, else fp32."""
+        return self.compute_dtype if self.mode.pure else torch.float32
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Around the forward pass and the loss only; disabled (not absent) when off, so an
+        outer autocast cannot leak in."""
+        return torch.autocast(
+            device_type=self.device.type, dtype=self.compute_dtype, enabled=self.mode.autocast
+        )
+
+    def make_scaler(self) -> torch.amp.GradScaler:
+        s = self.scaler
+        cls = torch.amp.GradScaler if s.dynamic else StaticGradScaler
+        return cls(
+            self.device.type,
+            init_scale=s.init_scale,
+            growth_factor=s.growth_factor,
+            backoff_factor=s.backoff_factor,
+            growth_interval=s.growth_interval,
+            enabled=bool(s.enabled),
+        )
+
+    def set_global_state(self) -> None:
+        """Set the process-wide flags this mode depends on, both ways."""
+        set_tf32(self.mode.tf32)
+        torch.clear_autocast_cache()
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(dtype=self.param_dtype)
+
+    def resolved_config(self, pc: PrecisionConfig) -> PrecisionConfig:
+        """The config as it ran: the concrete mode and its derived fields filled in."""
+        m = self.mode
+        return replace(
+            pc, name=m.name, scaler=self.scaler, dtype=Dtype[m.dtype], autocast=m.autocast,
+            pure=m.pure, tf32=m.tf32,
+        )  # fmt: skip
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for fp32 matmuls and cuDNN convolutions. Set explicitly in every run: PyTorch's
+    defaults differ between matmul (off) and cuDNN (on), and a sweep must not inherit them."""
+    # The fp32_precision API (PyTorch 2.9+): mixing it with the legacy allow_tf32 flags is an
+    # error when the flags are read, so only the new one is used where it exists.
+    value = "tf32" if enabled else "ieee"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = value
+        torch.backends.cudnn.conv.fp32_precision = value
+    else:  # older PyTorch
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tf32_enabled() -> tuple[bool, bool]:
+    """(matmul, cuDNN convolution) TF32 state."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return (
+            torch.backends.cuda.matmul.fp32_precision == "tf32",
+            torch.backends.cudnn.conv.fp32_precision == "tf32",
+        )
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def build_policy(pc: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
+    mode = resolve_mode(pc.name, device)
+    enabled = mode.scaler if pc.scaler.enabled is None else pc.scaler.enabled
+    dynamic = mode.dynamic_scale if pc.scaler.dynamic is None else pc.scaler.dynamic
+    problem = scaler_problem(mode, enabled)  # auto may resolve to a mode that refuses one
+    if problem:
+        raise ConfigError(problem)
+    return PrecisionPolicy(mode, device, replace(pc.scaler, enabled=enabled, dynamic=dynamic))
+
+
+_NO_SKIP = torch.zeros(())
+
+
+def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """1.0 if this step's gradients held inf/NaN (so ``scaler.step`` will skip it), else 0.0.
+
+    Read from the inf checks ``unscale_`` recorded for this optimizer (GradScaler keeps them
+    per optimizer until ``update``); stays on the device, so it adds no synchronisation.
+    Only valid between ``scaler.unscale_(optimizer)`` and ``scaler.update()``.
+    """
+    if not scaler.is_enabled():
+        return _NO_SKIP  # shared: nothing is allocated per step without a scaler
+    per_device = scaler._found_inf_per_device(optimizer)  # noqa: SLF001 - see docstring
+    return sum(v.float() for v in per_device.values()).clamp(max=1.0)

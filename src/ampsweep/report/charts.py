@@ -1,0 +1,147 @@
+"""PNG charts of a sweep report (matplotlib, Agg backend: no display needed).
+
+One figure per question: how fast (throughput, speed-up), how much memory (activations, GPU
+peak), how accurate, how training went (validation loss over steps), and what the loss
+scaler did (scale over steps). They are logged to the sweep's parent run under charts/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: headless, and never opens a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ampsweep.precision.modes import color as _color  # noqa: E402
+from ampsweep.report.model import Report, Row, is_number  # noqa: E402
+from ampsweep.tracking.store import FINISHED  # noqa: E402
+
+
+def _label(row: Row, rows: list[Row]) -> str:
+    """The mode alone when each mode appears once, else the run name."""
+    return row.precision if sum(r.precision == row.precision for r in rows) == 1 else row.name
+
+
+def _bars(ax, rows: list[Row], values: list[float], notes: list[str], ylabel: str) -> None:
+    labels = [_label(r, rows) for r in rows]
+    bars = ax.bar(labels, values, color=[_color(r.precision) for r in rows])
+    for bar, note in zip(bars, notes, strict=True):
+        if note:
+            ax.annotate(
+                note,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    ax.set_ylabel(ylabel)
+    ax.tick_params(axis="x", labelrotation=30)
+    for label in ax.get_xticklabels():
+        label.set_horizontalalignment("right")
+
+
+def _x(value) -> str:
+    return f"{value:.2f}x" if is_number(value) else ""
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def throughput(report: Report, path: Path) -> Path | None:
+    rows = [r for r in report.rows if is_number(r.samples_per_s)]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _bars(ax, rows, [r.samples_per_s for r in rows], [_x(r.speedup) for r in rows], "samples/s")
+    ax.set_title(f"Training throughput (labels: speed-up over {report.baseline_mode})")
+    return _save(fig, path)
+
+
+def memory(report: Report, path: Path) -> Path | None:
+    rows = [r for r in report.rows if is_number(r.activation_mib)]
+    if not rows:
+        return None
+    peak = [r for r in rows if is_number(r.peak_mib)]
+    fig, axes = plt.subplots(1, 2 if peak else 1, figsize=(12 if peak else 8, 4.5), squeeze=False)
+    _bars(
+        axes[0][0],
+        rows,
+        [r.activation_mib for r in rows],
+        [_x(r.activation_ratio) for r in rows],
+        "MiB saved for backward per step",
+    )
+    axes[0][0].set_title(f"Activation memory (labels: ratio to {report.baseline_mode})")
+    if peak:
+        _bars(
+            axes[0][1],
+            peak,
+            [r.peak_mib for r in peak],
+            [_x(r.peak_ratio) for r in peak],
+            "MiB (CUDA peak allocated)",
+        )
+        axes[0][1].set_title("Peak GPU memory")
+    return _save(fig, path)
+
+
+def accuracy(report: Report, path: Path) -> Path | None:
+    rows = [r for r in report.rows if is_number(r.val_acc)]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    notes = [f"{r.acc_delta * 100:+.1f} pt" if is_number(r.acc_delta) else "" for r in rows]
+    _bars(ax, rows, [r.val_acc for r in rows], notes, "validation accuracy")
+    low = min(r.val_acc for r in rows)
+    ax.set_ylim(max(0.0, low - 0.1), 1.0 if low > 0.5 else None)
+    ax.set_title(f"Validation accuracy (labels: points vs {report.baseline_mode})")
+    return _save(fig, path)
+
+
+def _curves(report: Report, key: str, path: Path, title: str, ylabel: str, log: bool):
+    runs = [r for r in report.runs if r.status == FINISHED and r.history.get(key)]
+    if not runs:
+        return None
+    rows = {r.run_id: r for r in report.rows}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for run in runs:
+        steps, values = zip(*sorted(run.history[key]), strict=True)
+        row = rows[run.run_id]
+        ax.plot(
+            steps, values, marker=".", label=_label(row, report.rows), color=_color(row.precision)
+        )
+    if log:
+        ax.set_yscale("log", base=2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def write_charts(report: Report, folder: Path) -> list[Path]:
+    """Every chart that has data, as PNG files in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    made = [
+        throughput(report, folder / "throughput.png"),
+        memory(report, folder / "memory.png"),
+        accuracy(report, folder / "accuracy.png"),
+        _curves(
+            report, "val/loss", folder / "val_loss.png", "Validation loss", "val/loss", log=False
+        ),
+        _curves(
+            report,
+            "amp/loss_scale",
+            folder / "loss_scale.png",
+            "Loss scale (runs with a GradScaler)",
+            "loss scale (log2)",
+            log=True,
+        ),
+    ]
+    return [p for p in made if p is not None]

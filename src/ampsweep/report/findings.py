@@ -1,0 +1,298 @@
+"""The report's findings: plain-language conclusions, each with the numbers behind it.
+
+Which modes a finding speaks of is asked of the mode table (``precision.modes``): the modes
+without a scaler in fp16, those with one, those with fp32's exponent range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from ampsweep.precision import modes
+from ampsweep.report.model import Row, is_number
+from ampsweep.tracking.store import FINISHED
+
+ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
+
+
+def _is(name: str, test) -> bool:
+    """Whether the mode called ``name`` passes ``test`` (a mode the table lacks never does)."""
+    mode = modes.get(name)
+    return mode is not None and test(mode)
+
+
+def _scaled_fp16(m: modes.PrecisionMode) -> bool:
+    return m.dtype == "fp16" and m.scaler
+
+
+def describe_device(tags: dict[str, str]) -> str:
+    kind = tags.get("device", "unknown device")
+    name = tags.get("device_name", "")
+    extra = []
+    if kind == "cuda" and tags.get("compute_capability"):
+        extra.append(f"compute capability {tags['compute_capability']}")
+    if kind == "cpu" and tags.get("cpu_threads"):
+        extra.append(f"{tags['cpu_threads']} threads")
+    if tags.get("torch_version"):
+        extra.append(f"torch {tags['torch_version']}")
+    if tags.get("cuda_version"):
+        extra.append(f"CUDA {tags['cuda_version']}")
+    inner = ", ".join(x for x in [name, *extra] if x)
+    return f"{kind} ({inner})" if inner else kind
+
+
+def _capability(tags: dict[str, str]) -> float | None:
+    try:
+        return float(tags["compute_capability"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _pts(delta: float) -> str:
+    return f"{delta * 100:+.1f} points"
+
+
+def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32") -> list[str]:
+    """Plain-language conclusions, each with the numbers behind it."""
+    out = [f"Device: {describe_device(device)}."]
+    done = [r for r in rows if r.status == FINISHED]
+    compared = [r for r in done if r.baseline]
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in compared:
+        groups.setdefault((r.model, r.dataset), []).append(r)
+    for (model, dataset), group in groups.items():
+        where = f" ({model} on {dataset})" if len(groups) > 1 else ""
+        out.extend(_group_findings(group, baseline_mode, where))
+    out.extend(_noscale_findings(done, baseline_mode))
+    out.extend(_underflow_findings(done))
+    out.extend(_hardware_findings(compared, device, baseline_mode))
+    missing = [r for r in done if not r.baseline]
+    if missing:
+        names = ", ".join(r.name for r in missing)
+        out.append(
+            f"No {baseline_mode} baseline for {len(missing)} run(s) ({names}): their config "
+            "differs from every baseline run beyond precision, so their comparisons are blank."
+        )
+    for r in rows:
+        if r.status != FINISHED:
+            out.append(f"{r.name} ended {r.status}: {r.error or 'no error recorded'}.")
+    return out
+
+
+def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
+    out = []
+    timed = [r for r in group if is_number(r.speedup)]
+    if timed:
+        best = max(timed, key=lambda r: r.speedup)
+        if best.precision == base or best.speedup <= 1.0:
+            others = [r for r in timed if r is not best]
+            slower = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in others)
+            out.append(
+                f"Fastest here{where}: {best.precision} at {best.samples_per_s:,.0f} samples/s; "
+                f"every other mode is slower (throughput relative to {base}: {slower})."
+            )
+        else:
+            out.append(
+                f"Fastest here{where}: {best.precision}, {best.speedup:.2f}x the {base} "
+                f"throughput ({best.samples_per_s:,.0f} samples/s)."
+            )
+    act = [r for r in group if is_number(r.activation_ratio) and r.precision != base]
+    if act:
+        best = min(act, key=lambda r: r.activation_ratio)
+        saved = (1 - best.activation_ratio) * 100
+        base_mib = best.activation_mib / best.activation_ratio
+        if best.activation_ratio < 1.0:
+            out.append(
+                f"Most activation memory saved{where}: {best.precision}, "
+                f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
+                f"({best.activation_ratio:.2f}x, {saved:.0f}% less)."
+            )
+        else:
+            # Autocast saves half-precision copies of the weights for backward; on a model
+            # whose activations are small next to its weights, those copies dominate.
+            out.append(
+                f"No mode saved activation memory{where}: the least is {best.precision} with "
+                f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
+                f"({best.activation_ratio:.2f}x). Autocast keeps half-precision copies of the "
+                "weights for backward, which outweigh the activations on a model this small."
+            )
+    peak = [r for r in group if is_number(r.peak_ratio) and r.precision != base]
+    if peak:
+        best = min(peak, key=lambda r: r.peak_ratio)
+        out.append(
+            f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB "
+            f"({best.peak_ratio:.2f}x {base})."
+        )
+    accs = [r for r in group if is_number(r.acc_delta) and r.precision != base]
+    if accs:
+        base_acc = accs[0].val_acc - accs[0].acc_delta
+        held = [r for r in accs if abs(r.acc_delta) <= ACC_TOLERANCE]
+        lost = [r for r in accs if r.acc_delta < -ACC_TOLERANCE]
+        gained = [r for r in accs if r.acc_delta > ACC_TOLERANCE]
+        if held:
+            listing = ", ".join(f"{r.precision} {r.val_acc:.3f}" for r in held)
+            out.append(
+                f"Accuracy held{where} within {ACC_TOLERANCE * 100:.1f} points of {base}'s "
+                f"{base_acc:.3f}: {listing}."
+            )
+        for r in lost:
+            out.append(
+                f"Accuracy dropped{where} for {r.precision}: {r.val_acc:.3f} "
+                f"({_pts(r.acc_delta)} vs {base})."
+            )
+        for r in gained:
+            out.append(
+                f"Accuracy rose{where} for {r.precision}: {r.val_acc:.3f} "
+                f"({_pts(r.acc_delta)} vs {base}; at this run length that is noise, not a gain)."
+            )
+    return out
+
+
+def _noscale_findings(done: list[Row], base: str) -> list[str]:
+    out = []
+    for r in done:
+        if not _is(r.precision, lambda m: m.unscaled_fp16):
+            continue
+        acc = f"reached {r.val_acc:.3f}" if is_number(r.val_acc) else "has no accuracy"
+        delta = f" ({_pts(r.acc_delta)} vs {base})" if is_number(r.acc_delta) else ""
+        text = (
+            f"fp16 without loss scaling ({r.precision}) {acc}{delta}. With no scaler no step is "
+            "checked or skipped: gradients too small for fp16 silently become zero"
+        )
+        under = {k: v for k, v in r.extra.items() if "underflow" in k}
+        if under:
+            text += " (" + ", ".join(f"{k} {v:.3g}" for k, v in under.items()) + ")"
+        scaled = [x for x in done if _is(x.precision, _scaled_fp16) and x.model == r.model]
+        if scaled:
+            parts = [
+                f"{x.precision} skipped {x.skipped_steps or 0:.0f} step(s), final scale "
+                f"{x.loss_scale:g}"
+                for x in scaled
+                if is_number(x.loss_scale)
+            ]
+            if parts:
+                text += "; with scaling, " + "; ".join(parts)
+        out.append(text + ".")
+    return out
+
+
+def _underflow_findings(done: list[Row]) -> list[str]:
+    """What the gradient-underflow diagnostics measured (runs with diagnostics.every > 0):
+    how much of the gradient fp16 without scaling loses on this model, what the scaler keeps."""
+    groups: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    for r in done:
+        if r.extra:
+            metrics = {**r.extra, "val/acc": r.val_acc if is_number(r.val_acc) else float("nan")}
+            if is_number(r.loss_scale):
+                metrics["amp/loss_scale"] = r.loss_scale
+            groups.setdefault((r.model, r.dataset), {})[r.precision] = metrics
+    out = []
+    for (model, dataset), runs in groups.items():
+        text = underflow_finding(runs)
+        if text:
+            out.append(
+                f"Gradient underflow{f' ({model} on {dataset})' if len(groups) > 1 else ''}: {text}"
+            )
+    return out
+
+
+def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -> list[str]:
+    half = [
+        r
+        for r in compared
+        if r.precision != base and _is(r.precision, lambda m: m.half) and is_number(r.speedup)
+    ]
+    rel = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in half)
+    rel = f" ({rel})" if rel else ""
+    kind = device.get("device")
+    if kind == "cpu":
+        isa = [f for f in device.get("cpu_half_isa", "none").split(",") if f and f != "none"]
+        has = (
+            ("native half-precision instructions " + ", ".join(isa))
+            if isa
+            else ("no native fp16/bf16 arithmetic")
+        )
+        return [
+            f"This CPU has no tensor cores and {has}, so its timings of half precision{rel} "
+            "say little about a GPU: the speed-ups of mixed precision belong to GPUs with "
+            "tensor cores. What carries over from a CPU run is the activation memory saved and "
+            "whether accuracy held."
+        ]
+    cap = _capability(device)
+    if kind == "cuda" and cap is not None and cap < 7.0:
+        return [
+            f"This GPU (compute capability {cap}) has no tensor cores, so half precision mostly "
+            f"saves memory and bandwidth here{rel}; tensor-core GPUs (7.0+) gain more speed."
+        ]
+    if (
+        kind == "cuda"
+        and cap is not None
+        and cap < 8.0
+        and any(_is(r.precision, lambda m: m.dtype == "bf16") for r in half)
+    ):
+        return [f"This GPU (compute capability {cap}) has no native bf16: bf16 modes are emulated."]
+    return []
+
+
+# ---------------------------------------------------------------- gradient underflow
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.4g}%"
+
+
+def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
+    """A plain-language finding from a sweep's child runs.
+
+    ``runs`` maps a precision mode name to that run's latest metrics. The underflow share
+    comes from the run measured in the mode least affected (full exponent range: fp32, tf32,
+    then bf16; else any); the rescue from an fp16 run with a scaler; the measured loss from an
+    fp16 run without one. None when nothing was measured.
+    """
+    key = "amp/grad_underflow_frac"
+    measured = {mode: m for mode, m in runs.items() if key in m and not math.isnan(m[key])}
+    if not measured:
+        return None
+    # The reference: a mode with fp32's exponent range (fp32 and tf32 before bf16), else any.
+    full = sorted(
+        (n for n in measured if _is(n, lambda m: m.full_range)),
+        key=lambda n: modes.MODES[n].half,
+    )
+    base_mode = full[0] if full else next(iter(measured))
+    lost = measured[base_mode][key]
+    parts = []
+    if lost == 0:
+        parts.append(
+            f"No gradient value falls below fp16's range on this model (measured in {base_mode}): "
+            "fp16 would train here even without loss scaling."
+        )
+    else:
+        parts.append(
+            f"fp16 without loss scaling would flush {_pct(lost)} of the non-zero gradient values "
+            f"to zero on this model (measured in {base_mode}); "
+            f"{_pct(measured[base_mode].get('amp/grad_subnormal_frac', float('nan')))} "
+            "fall below fp16's normal range."
+        )
+    noscale_mode = next((n for n in measured if _is(n, lambda m: m.unscaled_fp16)), None)
+    noscale = measured.get(noscale_mode) if noscale_mode else None
+    if noscale and "amp/grad_flushed_frac" in noscale:
+        lost_here = _pct(noscale["amp/grad_flushed_frac"])
+        text = f"The {noscale_mode} run actually lost {lost_here}"
+        if "val/acc" in noscale and base_mode in runs and "val/acc" in runs[base_mode]:
+            text += (
+                f" and reached val/acc {noscale['val/acc']:.3f} against "
+                f"{runs[base_mode]['val/acc']:.3f} in {base_mode}"
+            )
+        parts.append(text + ".")
+    scaled_mode = next((n for n in measured if _is(n, _scaled_fp16)), None)
+    if scaled_mode and "amp/grad_underflow_frac_scaled" in measured[scaled_mode]:
+        m = measured[scaled_mode]
+        still = m["amp/grad_underflow_frac_scaled"]
+        scale = m.get("amp/loss_scale", float("nan"))
+        kept = 1.0 - still / m[key] if m[key] > 0 else 1.0
+        parts.append(
+            f"In {scaled_mode}, the scaler at scale {scale:g} leaves {_pct(still)} below fp16's "
+            f"range, so it keeps {_pct(kept)} of the values fp16 alone would lose."
+        )
+    return " ".join(parts)

@@ -1,0 +1,120 @@
+"""A sweep's report from the store: find the sweep, read its runs, and log the report back
+to its parent run (report.md/.csv/.json, the charts, the headline numbers as metrics)."""
+
+from __future__ import annotations
+
+from ampsweep.report.findings import findings
+from ampsweep.report.model import Report, RunData
+from ampsweep.report.render import to_csv, to_json, to_markdown
+from ampsweep.report.rows import compute_rows
+from ampsweep.tracking import store
+
+HISTORY_KEYS = ("val/loss", "amp/loss_scale")  # step-wise metrics the charts draw
+
+
+class ReportError(Exception):
+    """The report cannot be made (no store, no sweep, unknown run): one line with the fix."""
+
+
+def find_sweep(client, sweep: str = "latest", experiment: str | None = None):
+    """The parent run of a sweep: ``latest`` (newest sweep, in ``experiment`` or in any
+    experiment), or a run id."""
+    if sweep != "latest":
+        try:
+            return client.get_run(sweep)
+        except Exception:
+            raise ReportError(
+                f"--sweep {sweep}: no such run in this store: pass a sweep's parent run id "
+                "(see `ampsweep ui`), or --sweep latest"
+            ) from None
+    if experiment:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise ReportError(f"--experiment {experiment}: no such experiment in this store")
+        ids = [exp.experiment_id]
+    else:
+        ids = [e.experiment_id for e in client.search_experiments()]
+    runs = store.sweeps(client, ids, limit=1)
+    if not runs:
+        where = f"experiment {experiment}" if experiment else "this store"
+        raise ReportError(
+            f"no sweep in {where}: run one first, e.g. ampsweep train -m experiment=precision_sweep"
+        )
+    return runs[0]
+
+
+def load_sweep(client, parent) -> tuple[dict[str, str], list[RunData]]:
+    runs = store.children(client, parent)
+    if not runs:
+        raise ReportError(
+            f"--sweep {parent.info.run_id}: run {parent.info.run_name} has no child runs: "
+            "it is not a sweep's parent run"
+        )
+    data = []
+    for r in runs:
+        history = {
+            key: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
+            for key in HISTORY_KEYS
+            if key in r.data.metrics
+        }
+        data.append(
+            RunData(
+                run_id=r.info.run_id,
+                name=r.info.run_name,
+                status=r.info.status,
+                params=dict(r.data.params),
+                tags=dict(r.data.tags),
+                metrics=dict(r.data.metrics),
+                history=history,
+            )
+        )
+    # Jobs are numbered by Hydra; order rows that way (start times tie in parallel launchers).
+    data.sort(key=lambda d: int(d.tags.get(store.JOB_NUM, "0") or 0))
+    t = parent.data.tags
+    sweep = {
+        "run_id": parent.info.run_id,
+        "name": parent.info.run_name,
+        "experiment_id": parent.info.experiment_id,
+        "sweep_dir": t.get(store.SWEEP_DIR, ""),
+        "command": t.get(store.COMMAND, ""),
+    }
+    return sweep, data
+
+
+def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = "fp32") -> Report:
+    rows = compute_rows(runs, baseline_mode)
+    finished = [r for r in runs if r.status == store.FINISHED and r.tags.get(store.DEVICE)]
+    source = (finished or [r for r in runs if r.tags.get(store.DEVICE)] or runs)[0].tags
+    device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
+    return Report(sweep, device, baseline_mode, rows, findings(rows, device, baseline_mode), runs)
+
+
+def build_report(client, parent_run_id: str, baseline_mode: str = "fp32") -> Report:
+    parent = find_sweep(client, parent_run_id)
+    sweep, runs = load_sweep(client, parent)
+    return make_report(sweep, runs, baseline_mode)
+
+
+def publish(client, report: Report) -> None:
+    """Log the report to the sweep's parent run: report.md/.csv/.json, the charts under
+    charts/, and the headline numbers as parent metrics."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from mlflow.entities import Metric
+
+    from ampsweep.report import charts
+
+    run_id = report.sweep["run_id"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "report.md").write_text(to_markdown(report))
+        (folder / "report.csv").write_text(to_csv(report))
+        (folder / "report.json").write_text(to_json(report))
+        charts.write_charts(report, folder / "charts")
+        client.log_artifacts(run_id, str(folder))
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), now, 0) for k, v in report.headline_metrics().items()]
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i : i + 1000])

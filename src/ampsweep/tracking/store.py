@@ -1,0 +1,244 @@
+"""The MLflow store: where it is, opening it, and every name and query ampsweep uses in it.
+
+Tag names and run statuses are constants here, and the questions ampsweep asks of a store
+(the newest sweep, a sweep's children, a finished run of the same config) are functions here,
+so the recorder, sweeps, the report, ``ui`` and ``reproduce`` agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ampsweep.config.schema import ConfigError, TrackingConfig
+
+DEFAULT_STORE = Path("outputs") / "mlflow.db"
+MAX_TAG_CHARS = 5000
+
+# Run statuses (MLflow's)
+RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
+
+# Tags of a run
+PARENT = "mlflow.parentRunId"  # MLflow nests a child run under its parent by this tag
+PRECISION, MODEL, DATASET = "precision", "model", "dataset"  # what the run trained
+CONFIG_HASH = "config_hash"  # what determines the result (a relaunch finds a finished twin)
+CHECKPOINT_DIR = "checkpoint_dir"  # the run's checkpoint folder (resume by run id)
+ERROR = "error"  # why a run failed, in one line
+PREVIOUS_ERROR = "previous_error"  # why a resumed run had stopped before
+DIVERGED = "diverged"
+JOB_NUM = "job_num"  # Hydra's job number in a sweep
+OVERRIDES = "overrides"
+REPRODUCES = "reproduces"  # the run a reproduction repeats
+ENDED_BY = "ended_by"  # who ended a run whose own process could not
+GIT_COMMIT, GIT_DIRTY = "git_commit", "git_dirty"
+AMPSWEEP_VERSION = "ampsweep_version"
+# Where a run happened (app.environment writes them; the report reads them back)
+DEVICE, DEVICE_NAME, TORCH_VERSION, CUDA_VERSION = (
+    "device", "device_name", "torch_version", "cuda_version",
+)  # fmt: skip
+COMPUTE_CAPABILITY, CPU_THREADS, CPU_HALF_ISA = (
+    "compute_capability", "cpu_threads", "cpu_half_isa",
+)  # fmt: skip
+DEVICE_TAGS = (
+    DEVICE, DEVICE_NAME, COMPUTE_CAPABILITY, CPU_THREADS, CPU_HALF_ISA, TORCH_VERSION,
+    CUDA_VERSION,
+)  # fmt: skip
+
+# Tags of a sweep's parent run
+SWEEP = "ampsweep.sweep"  # "true" on a sweep's parent run
+SWEEP_DIR, COMMAND = "sweep_dir", "command"
+JOBS_EXPECTED = "jobs_expected"
+LAUNCHER_HOST, LAUNCHER_PID = "launcher_host", "launcher_pid"  # who launched it
+SKIPPED_PREFIX = "skipped."  # skipped.<job num> = the FINISHED run standing in for a job
+
+
+def resolve_uri(uri: str | None) -> str:
+    """``tracking.uri``, else $MLFLOW_TRACKING_URI, else an absolute SQLite URI for
+    outputs/mlflow.db under the current folder (never MLflow's cwd-relative default)."""
+    if uri:
+        return uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{(Path.cwd() / DEFAULT_STORE).resolve()}"
+
+
+def uri_key(uri: str | None) -> str:
+    """Where the URI came from, for error messages: the config key or the variable."""
+    if not uri and os.environ.get("MLFLOW_TRACKING_URI"):
+        return "MLFLOW_TRACKING_URI"
+    return "tracking.uri"
+
+
+def describe(uri: str) -> str:
+    return uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def check(uri: str, key: str = "tracking.uri") -> None:
+    """Fail fast, with the fix, when the store cannot be opened."""
+    path = sqlite_path(uri)
+    if path is not None:
+        if path == (Path.cwd() / DEFAULT_STORE).resolve():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            raise ConfigError(
+                f"{key}={uri}: cannot open the MLflow store, folder {path.parent} does not exist: "
+                "create it, or leave tracking.uri unset for outputs/mlflow.db"
+            )
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigError(f"{key}={uri}: {path} is not readable and writable: fix its mode")
+        return
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
+                return
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise ConfigError(
+                f"{key}={uri}: the MLflow server does not answer ({getattr(err, 'reason', err)}):"
+                " start it (mlflow server ...) or fix the address"
+            ) from None
+    if uri.startswith("file:") or "://" not in uri:
+        raise ConfigError(
+            f"{key}={uri}: MLflow 3 no longer writes plain-folder stores: use a database, "
+            "e.g. tracking.uri=sqlite:////abs/path/mlflow.db, or an http:// server"
+        )
+
+
+def prepare(uri: str) -> None:
+    """Create or migrate a SQLite store once, under a file lock, before any job writes to it.
+
+    MLflow creates its tables on first use; several processes doing that at once on a new file
+    race (``table ... already exists``). The CLI calls this before launching jobs, and the lock
+    serialises independent commands started together.
+    """
+    path = sqlite_path(uri)
+    if path is None:
+        return  # a server or database migrates itself (``mlflow db upgrade``)
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client_for(uri).search_experiments(max_results=1)  # opens (creates) the store
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def client_for(uri: str):
+    import logging
+
+    from mlflow import MlflowClient
+
+    # MLflow logs store creation and migrations at INFO on the console; ampsweep says what
+    # matters itself.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=uri)
+
+
+def get_or_create_experiment(client, name: str, artifact_root: str | None) -> str:
+    """The experiment's id; a new one gets an explicit artifact location (for local stores)
+    so artifacts land under outputs/, not in ./mlruns of whatever folder we run from."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if artifact_root:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        location = (Path(artifact_root).expanduser().resolve() / safe).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # created meanwhile by a concurrent job
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def experiment_for(client, uri: str, cfg: TrackingConfig) -> str:
+    """``tracking.experiment``'s id in the store at ``uri``. Only a local store gets our
+    artifact location; a server decides (and may serve) its own."""
+    local = uri.startswith("sqlite:")
+    return get_or_create_experiment(client, cfg.experiment, cfg.artifact_root if local else None)
+
+
+# ---------------------------------------------------------------- queries
+
+
+def find_run(client, run_id: str):
+    """The run with this id, or None (a malformed id is simply not found)."""
+    try:
+        return client.get_run(run_id)
+    except Exception:
+        return None
+
+
+def finished_twin(client, experiment: str, config_hash: str):
+    """The newest FINISHED run of the experiment with this config hash, or None."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.{CONFIG_HASH} = '{config_hash}' and attributes.status = '{FINISHED}'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    return runs[0] if runs else None
+
+
+def children(client, parent) -> list:
+    """A parent run's child runs, oldest first."""
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT}` = '{parent.info.run_id}'",
+        max_results=10000,
+        order_by=["attributes.start_time ASC"],
+    )
+
+
+def sweeps(client, experiment_ids: list[str], status: str | None = None, limit: int = 1000):
+    """Sweep parent runs, newest first (only those with ``status``, if given)."""
+    if not experiment_ids:
+        return []
+    where = f"tags.`{SWEEP}` = 'true'"
+    if status:
+        where += f" and attributes.status = '{status}'"
+    return client.search_runs(
+        experiment_ids,
+        filter_string=where,
+        order_by=["attributes.start_time DESC"],
+        max_results=limit,
+    )
+
+
+def running_children(client, experiment_id: str, parent_ids: list[str]) -> list:
+    """The RUNNING child runs of these parents."""
+    out = []
+    for parent_id in parent_ids:
+        out += client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{PARENT}` = '{parent_id}' and attributes.status = '{RUNNING}'",
+            max_results=10000,
+        )
+    return out
+
+
+def skipped_jobs(parent) -> dict[str, str]:
+    """Job number -> the FINISHED run that stood in for it, from a relaunch's parent run."""
+    tags = parent.data.tags
+    return {k[len(SKIPPED_PREFIX) :]: v for k, v in tags.items() if k.startswith(SKIPPED_PREFIX)}
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as the one line recorded in the ``error`` tag and printed."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if not isinstance(err, ConfigError):
+        text = f"{type(err).__name__}: {text}"
+    return text[:MAX_TAG_CHARS]

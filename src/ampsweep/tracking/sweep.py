@@ -1,0 +1,183 @@
+"""A sweep in the store: one MLflow parent run with a child run per job.
+
+``begin`` creates the parent run when a multirun starts; ``SweepInfo`` (its id, the store, the
+sweep dir, the expected run names) travels to every job: in the task function's context for
+jobs in the launching process, and as a small JSON file in the sweep dir for launchers whose
+jobs run elsewhere but see the same file system (SLURM, submitit_local). ``conclude`` ends the
+parent from its children's statuses. Printing and logging the report is the app's business.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mlflow.entities import RunTag
+
+from ampsweep.config.schema import TrackingConfig
+from ampsweep.tracking import store
+from ampsweep.tracking.secrets import mask_values
+
+SWEEP_FILE = "ampsweep_sweep.json"
+
+
+@dataclass
+class SweepInfo:
+    parent_run_id: str
+    uri: str
+    experiment: str
+    sweep_dir: str
+    name: str
+    name_counts: dict[str, int] = field(default_factory=dict)  # how often each run name occurs
+    expected_jobs: int | None = None
+
+    def run_name(self, resolved: str, job_num: int | None) -> str:
+        """``<precision>-<model>-<dataset>``, plus the job number when names repeat."""
+        if job_num is not None and self.name_counts.get(resolved, 1) > 1:
+            return f"{resolved}-{job_num}"
+        return resolved
+
+    def dump(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def load(cls, text: str) -> SweepInfo:
+        return cls(**json.loads(text))
+
+    @classmethod
+    def from_sweep_dir(cls, sweep_dir: Path) -> SweepInfo | None:
+        path = sweep_dir / SWEEP_FILE
+        return cls.load(path.read_text()) if path.is_file() else None
+
+
+def begin(
+    uri: str,
+    tracking: TrackingConfig,
+    sweep_dir: Path,
+    name: str,
+    command: str,
+    expected_jobs: int,
+    run_names: list[str],
+) -> SweepInfo:
+    """Create the sweep's parent run and write its SweepInfo into the sweep dir.
+    ``run_names``: the default names the jobs will get (to number the ones that repeat)."""
+    client = store.client_for(uri)
+    exp_id = store.experiment_for(client, uri, tracking)
+    end_orphaned_sweeps(client, exp_id)
+    tags = {
+        store.SWEEP: "true",
+        store.SWEEP_DIR: str(sweep_dir),
+        store.COMMAND: command,
+        store.JOBS_EXPECTED: str(expected_jobs),
+        # who launched it: a later launch can tell a sweep whose process is gone
+        store.LAUNCHER_HOST: socket.gethostname(),
+        store.LAUNCHER_PID: str(os.getpid()),
+    }
+    run = client.create_run(exp_id, run_name=name, tags=mask_values(tags))
+    info = SweepInfo(
+        parent_run_id=run.info.run_id,
+        uri=uri,
+        experiment=tracking.experiment,
+        sweep_dir=str(sweep_dir),
+        name=name,
+        name_counts=dict(Counter(run_names)),
+        expected_jobs=expected_jobs,
+    )
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SWEEP_FILE).write_text(info.dump())
+    return info
+
+
+def end_orphaned_sweeps(client, experiment_id: str) -> list[str]:
+    """End the RUNNING sweep parents whose launching process is gone (SIGKILL, a lost node):
+    nothing else will ever end them. Only parents launched on this host are judged, by their
+    recorded pid; their interrupted children stay as they are, for a relaunch to resume."""
+    host = socket.gethostname()
+    ended = []
+    for run in store.sweeps(client, [experiment_id], status=store.RUNNING):
+        tags = run.data.tags
+        pid = tags.get(store.LAUNCHER_PID, "")
+        if tags.get(store.LAUNCHER_HOST) != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        client.set_tag(
+            run.info.run_id, store.ENDED_BY, "a later launch: its launching process was gone"
+        )
+        client.set_terminated(run.info.run_id, status=store.KILLED)
+        ended.append(run.info.run_id)
+    return ended
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def record_skip(info: SweepInfo, job_num: int | None, run_id: str) -> None:
+    """A job skipped because its identical config already FINISHED: the parent of this launch
+    names the run that stands in for it (the run itself stays under the sweep that made it)."""
+    client = store.client_for(info.uri)
+    client.set_tag(info.parent_run_id, f"{store.SKIPPED_PREFIX}{job_num}", run_id)
+
+
+@dataclass
+class SweepResult:
+    """How a sweep ended, read back from its child runs in the store."""
+
+    status: str
+    runs: list  # the child runs (mlflow Run objects), oldest first
+    missing: int = 0  # jobs expected but never recorded (e.g. a worker process died)
+
+    @property
+    def failed(self) -> list:
+        return [r for r in self.runs if r.info.status != store.FINISHED]
+
+    def describe_failures(self) -> list[str]:
+        """``#<job> <run name> (<error>)`` per child that did not finish."""
+        out = []
+        for r in self.failed:
+            job = r.data.tags.get(store.JOB_NUM, "?")
+            why = r.data.tags.get(store.ERROR) or r.info.status
+            out.append(f"#{job} {r.info.run_name} ({why})")
+        return out
+
+
+def conclude(info: SweepInfo, interrupted: bool) -> SweepResult:
+    """Tag the parent with its jobs' counts and decide its status (FINISHED only when every
+    expected job finished). The parent stays RUNNING until ``end``: the report is logged to
+    it in between."""
+    client = store.client_for(info.uri)
+    parent = client.get_run(info.parent_run_id)
+    runs = store.children(client, parent)
+    counts = Counter(r.info.status for r in runs)
+    n_skipped = len(store.skipped_jobs(parent))  # a relaunch skips jobs that FINISHED
+    missing = max(0, (info.expected_jobs or len(runs) + n_skipped) - len(runs) - n_skipped)
+    if interrupted:
+        status = store.KILLED
+    elif missing or any(r.info.status != store.FINISHED for r in runs):
+        status = store.FAILED
+    else:
+        status = store.FINISHED
+    tags = {
+        "jobs_total": len(runs) + n_skipped,
+        "jobs_skipped": n_skipped,
+        "jobs_finished": counts.get(store.FINISHED, 0),
+        "jobs_failed": counts.get(store.FAILED, 0),
+        "jobs_killed": counts.get(store.KILLED, 0),
+    }
+    if missing:
+        tags["jobs_missing"] = missing
+    client.log_batch(info.parent_run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    return SweepResult(status, runs, missing)
+
+
+def end(info: SweepInfo, result: SweepResult) -> None:
+    store.client_for(info.uri).set_terminated(info.parent_run_id, status=result.status)
