@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Set up .venv with the dev extras if needed, then lint and run the whole test suite
-# (slow end-to-end tests included; CUDA tests skip themselves without a GPU).
+# Set up .venv with the dev extras if needed, then lint, check the import layers and run the
+# whole test suite (slow end-to-end tests included; CUDA tests skip themselves without a GPU).
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_venv.sh dev,cluster
 .venv/bin/ruff check src tests scripts
 .venv/bin/ruff format --check src tests scripts
+.venv/bin/lint-imports  # the package's layers and no import cycles (pyproject.toml)
 exec .venv/bin/python -m pytest "$@"

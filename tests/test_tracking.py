@@ -78,7 +78,7 @@ def test_a_run_records_every_metric_param_tag_and_artifact(in_tmp, store, quick)
 
     # Params: the whole resolved config, flattened.
     resolved = config.load([*quick, f"tracking.uri={store}", "precision=fp16"])
-    # the resolved config, flattened, plus what ran (issue 5: the world size is a param)
+    # the resolved config, flattened, plus what ran (the world size is a param)
     assert set(r.data.params) == set(config.flatten(resolved)) | {"world_size"}
     assert r.data.params["precision.name"] == "fp16"
     assert r.data.params["precision.dtype"] == "fp16"  # filled in when the mode was resolved
