@@ -1,0 +1,164 @@
+"""The throwaway SLURM cluster (scripts/slurm_cluster.py) schedules, launches, cancels and
+requeues real jobs. There is no slurmdbd (so no sacct): jobs are followed with
+``scontrol show job``, which keeps finished jobs for MinJobAge (300 s)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+def _run(cluster, *args: str, cwd: Path | None = None) -> str:
+    proc = subprocess.run(
+        list(args),
+        env={**os.environ, **cluster.env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, f"{args} failed: {proc.stderr}"
+    return proc.stdout
+
+
+def _sbatch(cluster, cwd: Path, *args: str) -> str:
+    out = _run(cluster, "sbatch", "--parsable", f"--chdir={cwd}", "-o", "slurm-%j.out", *args)
+    return out.strip().split(";")[0]
+
+
+def _job(cluster, job_id: str) -> dict[str, str]:
+    out = _run(cluster, "scontrol", "show", "job", "-o", job_id)
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def _alive(pid: int) -> bool:
+    # The daemons fork away from us and are reaped by init, perhaps a little later: a zombie
+    # holds no port, file or lock, so it counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for(check, what: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _wait_state(cluster, job_id: str, state: str, timeout: float = 30) -> dict[str, str]:
+    seen = {}
+
+    def reached():
+        seen.update(_job(cluster, job_id))
+        return seen if seen.get("JobState") == state else None
+
+    try:
+        return _wait_for(reached, f"job {job_id} to be {state}", timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last: {seen.get('JobState')} {seen.get('Reason')}") from None
+
+
+def test_sinfo_shows_one_idle_node_in_the_debug_partition(slurm_cluster):  # noqa: F811
+    def node():
+        lines = _run(slurm_cluster, "sinfo", "-h", "-N", "-o", "%N|%t|%c|%P").split()
+        return lines if len(lines) == 1 and lines[0].split("|")[1] == "idle" else None
+
+    name, state, cpus, partition = _wait_for(node, "one idle node")[0].split("|")
+    assert int(cpus) == slurm_cluster.cpus == os.cpu_count()
+    assert partition == f"{slurm_cluster.partition}*"  # '*': the default partition
+
+
+def test_batch_job_writes_a_file_and_completes(slurm_cluster, tmp_path):  # noqa: F811
+    job = _sbatch(slurm_cluster, tmp_path, "--wrap", "echo done-$SLURM_JOB_ID > out.txt")
+    info = _wait_state(slurm_cluster, job, "COMPLETED")
+    assert info["ExitCode"] == "0:0"
+    assert (tmp_path / "out.txt").read_text().strip() == f"done-{job}"
+    # No slurmdbd: only the job-completion log answers sacct, and only with --completion.
+    sacct = ["sacct", "--completion", "-n", "--parsable2", "-o", "JobID,State", "-j", job]
+    _wait_for(lambda: f"{job}|COMPLETED" in _run(slurm_cluster, *sacct), "sacct --completion")
+
+
+def test_srun_launches_two_tasks_with_ranks_0_and_1(slurm_cluster, tmp_path):  # noqa: F811
+    job = _sbatch(
+        slurm_cluster,
+        tmp_path,
+        "--ntasks=2",
+        "--wrap",
+        "srun bash -c 'echo $SLURM_NTASKS > rank-$SLURM_PROCID.txt'",
+    )
+    _wait_state(slurm_cluster, job, "COMPLETED")
+    ranks = sorted(p.name for p in tmp_path.glob("rank-*.txt"))
+    assert ranks == ["rank-0.txt", "rank-1.txt"]
+    assert all(p.read_text().strip() == "2" for p in tmp_path.glob("rank-*.txt"))
+
+
+def test_scancel_ends_a_running_job_as_cancelled(slurm_cluster, tmp_path):  # noqa: F811
+    job = _sbatch(slurm_cluster, tmp_path, "--wrap", "touch started; sleep 300")
+    _wait_state(slurm_cluster, job, "RUNNING")
+    _wait_for(lambda: (tmp_path / "started").exists(), "the batch script to start")
+    _run(slurm_cluster, "scancel", job)
+    _wait_state(slurm_cluster, job, "CANCELLED")
+
+
+REQUEUE_SCRIPT = """#!/bin/bash
+echo "${SLURM_RESTART_COUNT:-0}" >> runs.txt
+if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then exit 0; fi
+# What a preemptible trainer does: on the warning signal, save and ask to run again.
+trap 'echo requeue >> runs.txt; kill $sleeper; scontrol requeue $SLURM_JOB_ID; exit 0' USR1
+sleep 300 & sleeper=$!
+wait $sleeper
+"""
+
+
+def test_usr1_trap_requeues_the_job_and_it_runs_again(slurm_cluster, tmp_path):  # noqa: F811
+    script = tmp_path / "job.sh"
+    script.write_text(REQUEUE_SCRIPT)
+    job = _sbatch(slurm_cluster, tmp_path, str(script))
+    runs = tmp_path / "runs.txt"
+    _wait_for(lambda: runs.exists(), "the first run to start")
+    # --batch: signal only the batch shell (like --signal=B:USR1@N does before a time limit).
+    _run(slurm_cluster, "scancel", "--signal=USR1", "--batch", job)
+    # A requeued job is held for cred_expire (5 s in this cluster's config) before restarting.
+    info = _wait_state(slurm_cluster, job, "COMPLETED", timeout=45)
+    assert runs.read_text().split() == ["0", "requeue", "1"]
+    assert info["Restarts"] == "1"
+
+
+def test_cli_runs_a_second_cluster_beside_the_first_and_stops_it_cleanly(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
+    """Separate folders and free ports let clusters coexist; stop leaves no daemon behind."""
+    cli = [sys.executable, str(Path(__file__).parents[1] / "scripts" / "slurm_cluster.py")]
+    folder = tmp_path / "second"
+    started = subprocess.run(
+        [*cli, "start", str(folder)], capture_output=True, text=True, timeout=90
+    )
+    try:
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == f"export SLURM_CONF={folder / 'slurm.conf'}"
+        status = subprocess.run(
+            [*cli, "status", str(folder)], capture_output=True, text=True, timeout=30
+        ).stdout
+        assert "slurmd: running" in status and "idle" in status
+        pids = [int(p.read_text()) for p in (folder / "run").glob("*.pid")]
+        assert len(pids) == 3  # munged, slurmctld, slurmd
+    finally:
+        subprocess.run([*cli, "stop", str(folder)], capture_output=True, timeout=60)
+    assert not [p for p in pids if _alive(p)]
+    assert _run(slurm_cluster, "sinfo", "-h", "-o", "%t").strip() == "idle"  # first one unhurt
