@@ -14,6 +14,7 @@ launched) travels in a ``CommandContext`` that the task function carries.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import threading
@@ -30,6 +31,10 @@ from ampsweep.tracking.secrets import mask_text
 from ampsweep.tracking.sweep import SweepInfo, record_skip
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED = 2, 1, 130
+# A test hook: "STEP:SIGNAL[:job=N][:rank=N]" makes the job (job N of a sweep, rank N of a DDP
+# group; every one when not given) send SIGNAL to its own process right after optimizer step
+# STEP, so tests stop a run at a known step instead of racing it with a clock.
+SIGNAL_AT_STEP = "AMPSWEEP_TEST_SIGNAL_AT_STEP"
 
 
 @dataclass
@@ -101,10 +106,27 @@ class StopRequest:
     it raises KeyboardInterrupt at once. The job then ends KILLED and the command exits non-zero.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, signal_at: tuple[int, signal.Signals] | None = None) -> None:
         self.requested = False
         self.deferring = False
+        self.signal_at = signal_at  # (step, signal) of the test hook, if set for this job
         self._previous: dict = {}
+
+    @classmethod
+    def for_job(cls, job_num: int | None, rank: int) -> StopRequest:
+        """A stop request with the test hook of SIGNAL_AT_STEP, if it names this job."""
+        value = os.environ.get(SIGNAL_AT_STEP)
+        if not value:
+            return cls()
+        step, sig, whom = signal_at_step(value)
+        if whom.get("job", job_num) != job_num or whom.get("rank", rank) != rank:
+            return cls()
+        return cls(signal_at=(step, sig))
+
+    def after_step(self, step: int) -> None:
+        """Called by the training loop after every optimizer step."""
+        if self.signal_at and step == self.signal_at[0]:
+            os.kill(os.getpid(), self.signal_at[1])
 
     def install(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
@@ -132,6 +154,22 @@ class StopRequest:
             yield
         finally:
             self.deferring = False
+
+
+def signal_at_step(value: str) -> tuple[int, signal.Signals, dict[str, int]]:
+    """``STEP:SIGNAL[:job=N][:rank=N]`` (see SIGNAL_AT_STEP) as (step, signal, {who: number})."""
+    step, _, rest = value.partition(":")
+    name, *whom = rest.split(":")
+    try:
+        targets = {k: int(v) for k, v in (w.split("=", 1) for w in whom)}
+        if not set(targets) <= {"job", "rank"}:
+            raise ValueError
+        return int(step), signal.Signals[name], targets
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{SIGNAL_AT_STEP}={value}: expected STEP:SIGNAL[:job=N][:rank=N], "
+            "e.g. 12:SIGKILL or 6:SIGTERM:job=1"
+        ) from None
 
 
 def default_run_name(cfg: Config) -> str:
@@ -189,7 +227,7 @@ class Job:
             self.sweep = in_dir or SweepInfo.from_sweep_dir(ctx.sweep_dir)
         self.name = "job"
         self.recorder = NullRecorder()
-        self.stop = StopRequest()
+        self.stop = StopRequest.for_job(ctx.job_num, rank.rank)
 
     # ---------------------------------------------------------------- the phases
 

@@ -77,6 +77,8 @@ class NoStop:
 
     requested = False
 
+    def after_step(self, step: int) -> None: ...
+
 
 # ---------------------------------------------------------------- running totals
 
@@ -149,7 +151,8 @@ def fit(
 
     ``state``: where to continue from (a restored checkpoint). ``checkpoints``: decides when a
     save is due and writes it. ``stop.requested`` turns true on SIGTERM/Ctrl-C; the loop then
-    checkpoints at the next step boundary and raises Interrupted.
+    checkpoints at the next step boundary and raises Interrupted (``stop.after_step`` is told
+    of every step boundary first).
     """
     t = s.cfg.trainer
     model, optimizer, scaler, policy, diag = s.model, s.optimizer, s.scaler, s.policy, s.diagnostics
@@ -207,6 +210,7 @@ def fit(
             if checkpoints.due(state.step) and not _finished(state, t):
                 watch.check(state.step)  # never checkpoint a run that has diverged
                 checkpoints.save(s, totals.save_to(state))
+            stop.after_step(state.step)  # where a test may signal this process (app.job)
             if stop.requested:  # SIGTERM / Ctrl-C, seen between optimizer steps
                 progress.end_epoch()
                 where = checkpoints.save(s, totals.save_to(state))
