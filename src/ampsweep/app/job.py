@@ -333,7 +333,9 @@ class Job:
         folder = checkpoint.folder_for(cfg, recorder.run_id)
         checkpoints = NoCheckpoints()
         if self.rank.is_main:
-            checkpoints = checkpoint.Checkpointer(folder, cfg, recorder.run_id, recorder.flush)
+            checkpoints = checkpoint.Checkpointer(
+                folder, cfg, recorder.run_id, recorder.flush, mask=mask_text
+            )
             recorder.set_tags({store.CHECKPOINT_DIR: str(folder)})
         console.console.print(
             f"[bold]{self.name}[/]: {setup.policy.mode.name} on {setup.device}, "
@@ -427,7 +429,7 @@ class Job:
         if path is None:
             return None
         ckpt = checkpoint.load(path)
-        checkpoint.check(ckpt, cfg, path, choice, run_id)
+        checkpoint.check(ckpt, cfg, path, choice, run_id, mask=mask_text)
         ckpt["path"] = str(path)
         return ckpt
 

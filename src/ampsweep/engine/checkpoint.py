@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -77,8 +78,13 @@ def folder_for(cfg: Config, run_id: str | None) -> Path:
     return root_of(cfg) / config_hash(cfg) / name
 
 
-def differences(saved: dict[str, str], cfg: Config) -> list[str]:
-    now = comparable(cfg)
+def unmasked(text: str) -> str:
+    return text
+
+
+def differences(saved: dict[str, str], cfg: Config, mask: Callable[[str], str] = unmasked):
+    """Where the config stored in a checkpoint (masked by ``mask``) differs from ``cfg``."""
+    now = {k: mask(v) for k, v in comparable(cfg).items()}
     keys = sorted(set(saved) | set(now))
     return [
         f"{k}={saved.get(k, '<absent>')} in the checkpoint, {now.get(k, '<absent>')} now"
@@ -126,7 +132,9 @@ def set_rng_state(state: dict) -> None:
 class Checkpointer:
     """Writes a run's checkpoints every ``every`` steps (0: only at the end) and keeps the
     newest ``keep``. ``before_save`` runs first (the recorder's flush: every metric up to the
-    checkpoint's step is in the store before the checkpoint claims that step)."""
+    checkpoint's step is in the store before the checkpoint claims that step). ``mask`` hides
+    secrets in the config values a checkpoint stores (the job passes the tracking layer's);
+    the config hash is of the real values."""
 
     def __init__(
         self,
@@ -134,10 +142,11 @@ class Checkpointer:
         cfg: Config,
         run_id: str | None,
         before_save=None,
+        mask: Callable[[str], str] = unmasked,
     ):
         self.folder, self.cfg, self.run_id = folder, cfg, run_id
         self.every, self.keep = cfg.trainer.checkpoint_every, cfg.trainer.keep_checkpoints
-        self.before_save = before_save
+        self.before_save, self.mask = before_save, mask
         self.last: Path | None = None
 
     def due(self, step: int) -> bool:
@@ -152,7 +161,7 @@ class Checkpointer:
             "complete": complete,  # the end of training (nothing left to resume)
             "run_id": self.run_id,
             "config_hash": config_hash(self.cfg),
-            "config": comparable(self.cfg),
+            "config": {k: self.mask(v) for k, v in comparable(self.cfg).items()},
             "state": asdict(state),
             # the plain module's weights: loadable with or without DDP / torch.compile
             "model": distributed.unwrap(setup.model).state_dict(),
@@ -257,10 +266,18 @@ def newest_of_run(run_id: str, folder: Path | None) -> tuple[Path, str]:
     return found, f"resuming run {run_id} from {found}"
 
 
-def check(ckpt: dict, cfg: Config, path: Path, choice: str, run_id: str | None = None) -> None:
-    """Refuse a checkpoint whose config differs from this one in anything that matters."""
+def check(
+    ckpt: dict,
+    cfg: Config,
+    path: Path,
+    choice: str,
+    run_id: str | None = None,
+    mask: Callable[[str], str] = unmasked,
+) -> None:
+    """Refuse a checkpoint whose config differs from this one in anything that matters
+    (``mask``: the one the checkpoint was written with, to compare its stored config)."""
     if ckpt["config_hash"] != config_hash(cfg):
-        diff = differences(ckpt["config"], cfg)
+        diff = differences(ckpt["config"], cfg, mask)
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
         first = diff[0] if diff else "the config hash differs"
         raise ConfigError(

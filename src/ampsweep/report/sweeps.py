@@ -8,6 +8,7 @@ from ampsweep.report.model import Report, RunData
 from ampsweep.report.render import to_csv, to_json, to_markdown
 from ampsweep.report.rows import compute_rows
 from ampsweep.tracking import store
+from ampsweep.tracking.secrets import mask_files
 
 HISTORY_KEYS = ("val/loss", "amp/loss_scale")  # step-wise metrics the charts draw
 
@@ -113,6 +114,7 @@ def publish(client, report: Report) -> None:
         (folder / "report.csv").write_text(to_csv(report))
         (folder / "report.json").write_text(to_json(report))
         charts.write_charts(report, folder / "charts")
+        mask_files(folder)  # the sweep's command and folders may name a secret
         client.log_artifacts(run_id, str(folder))
     now = int(time.time() * 1000)
     metrics = [Metric(k, float(v), now, 0) for k, v in report.headline_metrics().items()]

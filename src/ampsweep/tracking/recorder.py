@@ -19,7 +19,7 @@ from typing import Any
 
 from ampsweep.config.schema import TrackingConfig
 from ampsweep.tracking import store
-from ampsweep.tracking.secrets import mask_text, mask_values
+from ampsweep.tracking.secrets import mask_text, mask_values, masked_copy, secret_values
 
 
 class NullRecorder:
@@ -145,11 +145,16 @@ class MlflowRecorder:
             op.result()  # re-raises a failed write here, in the training thread
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file or a folder, with every secret in its text masked first."""
         path = Path(path)
-        if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path)
-        else:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        with tempfile.TemporaryDirectory() as tmp:
+            if secret_values():
+                path = masked_copy(path, Path(tmp))
+                artifact_path = artifact_path and mask_text(artifact_path)
+            if path.is_dir():
+                self.client.log_artifacts(self.run_id, str(path), artifact_path)
+            else:
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def log_text(self, text: str, name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -167,8 +172,14 @@ class MlflowRecorder:
         self.ended = True
         try:
             self.flush()
+        except Exception as err:  # metrics were lost: the run cannot count as FINISHED
+            status = store.FAILED
+            error = error or f"recording metrics failed: {store.one_line(err)}"
+            raise
         finally:
             self._writer.shutdown(wait=True)
-            if error:
-                self.set_tags({store.ERROR: error})
-            self.client.set_terminated(self.run_id, status=status)
+            try:
+                if error:
+                    self.set_tags({store.ERROR: error})
+            finally:  # whatever the store said to the tag, the run is ended
+                self.client.set_terminated(self.run_id, status=status)

@@ -5,6 +5,8 @@ artifacts, messages)."""
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
@@ -32,3 +34,36 @@ def mask_values(values: dict[str, Any]) -> dict[str, str]:
     """``values`` as strings with every secret environment value replaced by ``***``."""
     secrets = secret_values()
     return {k: mask_text(str(v), secrets) for k, v in values.items()}
+
+
+def mask_files(root: Path, secrets: list[str] | None = None) -> None:
+    """Mask every secret in the text files under ``root`` (a file or a folder) and in their
+    names, in place. Files that are not UTF-8 text (charts) are left as they are."""
+    secrets = secret_values() if secrets is None else secrets
+    if not secrets:
+        return
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            masked = mask_text(text, secrets)
+            if masked != text:
+                path.write_text(masked, encoding="utf-8")
+        name = mask_text(path.name, secrets)
+        if name != path.name:
+            path.rename(path.with_name(name))
+
+
+def masked_copy(path: Path, into: Path) -> Path:
+    """A copy of the file or folder ``path`` inside the folder ``into``, secrets masked (what
+    is uploaded instead of ``path``; Hydra's own .hydra/ files hold overrides as typed)."""
+    target = into / mask_text(path.name)
+    if path.is_dir():
+        shutil.copytree(path, target)
+    else:
+        shutil.copy2(path, target)
+    mask_files(target)
+    return target
