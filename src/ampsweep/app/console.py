@@ -6,6 +6,7 @@ import contextlib
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,8 +26,9 @@ def quiet_unless_main(is_main: bool):
 
 
 def error(message: str) -> None:
-    """One line on stderr, no traceback."""
-    errors.print(f"[bold red]error:[/] {message}", soft_wrap=True, markup=True)
+    """One line on stderr, no traceback. The message is text, never markup: errors quote
+    paths and library messages such as gloo's "[/path/pair.cc:545] Connection closed"."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, markup=True)
 
 
 def progress_bar(wanted: bool):
