@@ -1,27 +1,119 @@
-"""Shared fixtures: a temporary MLflow store, small configs, markers."""
+"""Shared fixtures and helpers.
+
+Every test runs in a temporary folder of its own (the current directory), and the environment,
+torch's global flags and the signal handlers are restored after it, so no test writes into the
+checkout or leaks state into the next one. MLflow stores are copies of one migrated empty store
+(MLflow migrates a new store for seconds). ``require_tool`` skips a test whose system tool is
+missing, or fails it where ``AMPSWEEP_REQUIRE_TOOLS`` asks for that tool (CI sets ``all``).
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+from slurm_fixture import tool_required
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Variables a developer's shell may hold that would send a test's runs somewhere else, or make
+# a job signal itself (the test hook of app.job).
+FOREIGN_ENV = ("MLFLOW_TRACKING_URI", "AMPSWEEP_TEST_SIGNAL_AT_STEP", "WORLD_SIZE", "RANK")
+
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------- isolation of every test
+
+
+def _torch_flags() -> dict:
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    flags = {
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "num_threads": torch.get_num_threads(),
+        "default_dtype": torch.get_default_dtype(),
+    }
+    # PyTorch 2.9+ refuses reading the legacy allow_tf32 flags once fp32_precision was set.
+    if hasattr(matmul, "fp32_precision"):
+        flags["tf32"] = (matmul.fp32_precision, conv.fp32_precision)
+    else:
+        flags["tf32"] = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    return flags
+
+
+def _restore_torch_flags(flags: dict) -> None:
+    torch.use_deterministic_algorithms(flags["deterministic"], warn_only=flags["warn_only"])
+    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    torch.set_num_threads(flags["num_threads"])
+    torch.set_default_dtype(flags["default_dtype"])
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision, conv.fp32_precision = flags["tf32"]
+    else:
+        matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags["tf32"]
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path):
+    """Run the test in its own temporary folder (Hydra's run dirs, outputs/ and checkpoints of
+    in-process jobs land there), then restore the environment, torch's global flags and the
+    SIGTERM/SIGINT handlers."""
+    cwd, env = os.getcwd(), os.environ.copy()
+    flags = _torch_flags()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for name in FOREIGN_ENV:
+        os.environ.pop(name, None)
+    os.chdir(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        _restore_torch_flags(flags)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if "mlflow" in sys.modules:  # a test that used MLflow's fluent API
+            import mlflow
+
+            while mlflow.active_run() is not None:
+                mlflow.end_run()
+
+
+# ---------------------------------------------------------------- optional system tools
+
+
+def require_tool(tool: str, missing: str | None) -> None:
+    """``missing``: why ``tool`` cannot be used here (None: it can). Skips the test, or fails
+    it where AMPSWEEP_REQUIRE_TOOLS names ``tool`` (or ``all``), so that a failed install in CI
+    cannot hide a feature behind a skip. Tools: chromium, postgresql, slurm, compiler,
+    submitit."""
+    if missing is None:
+        return
+    if tool_required(tool):
+        pytest.fail(f"AMPSWEEP_REQUIRE_TOOLS asks for {tool}, but {missing}")
+    pytest.skip(missing)
+
+
+# ---------------------------------------------------------------- MLflow stores
 
 
 @pytest.fixture(scope="session")
@@ -36,10 +128,28 @@ def empty_store(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def store(tmp_path: Path, empty_store: Path) -> str:
+def store_uri(tmp_path: Path, empty_store: Path) -> str:
     """A fresh, empty SQLite MLflow store (a copy of ``empty_store``), as an absolute URI."""
     shutil.copy(empty_store, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def store(store_uri: str) -> str:
+    """The former name of ``store_uri`` (it shadowed the module ampsweep.tracking.store)."""
+    return store_uri
+
+
+def all_runs(uri: str) -> list:
+    """Every run of every experiment in the store at ``uri``."""
+    from ampsweep.tracking.store import client_for
+
+    client = client_for(uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(exps, max_results=10000) if exps else []
+
+
+# ---------------------------------------------------------------- configs and commands
 
 
 @pytest.fixture
@@ -55,15 +165,109 @@ def quick() -> list[str]:
     ]
 
 
+def resumable(checkpoint_dir: Path, *extra: str) -> list[str]:
+    """Overrides for a small, deterministic run that writes its checkpoints under
+    ``checkpoint_dir`` (its tracking is the caller's choice)."""
+    return [
+        "trainer.epochs=2",
+        "trainer.batch_size=32",
+        "trainer.log_every=3",
+        "trainer.timing_warmup_steps=1",
+        "trainer.progress=false",
+        "trainer.deterministic=true",
+        "model.width=4",
+        "model.dropout=0.2",  # draws from the torch RNG every step: the RNG must be restored
+        f"trainer.checkpoint_dir={checkpoint_dir}",
+        *extra,
+    ]
+
+
+def cli_env(env: dict | None = None) -> dict:
+    """The environment of an ``ampsweep`` subprocess: this checkout's sources, no store from
+    the developer's shell (unless ``env`` gives one)."""
+    full = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for name in FOREIGN_ENV:
+        full.pop(name, None)
+    return {**full, **(env or {})}
+
+
 def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600):
     """Run ``python -m ampsweep ARGS`` in a subprocess; return the CompletedProcess."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
-    full_env.pop("MLFLOW_TRACKING_URI", None) if "MLFLOW_TRACKING_URI" not in (env or {}) else None
     return subprocess.run(
         [sys.executable, "-m", "ampsweep", *args],
         cwd=cwd,
-        env=full_env,
+        env=cli_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def start_cli(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """``python -m ampsweep ARGS`` started in the background (stdout and stderr piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ampsweep", *args],
+        cwd=cwd,
+        env=cli_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@dataclass
+class Command:
+    """What an in-process ``ampsweep`` command returned and printed."""
+
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def main(capsys):
+    """Run ``ampsweep ARGS`` in this process (``app.cli.main``): much cheaper than a
+    subprocess where the process boundary tests nothing more."""
+    from ampsweep.app import cli
+
+    def run(*args: str) -> Command:
+        capsys.readouterr()  # what came before is not this command's output
+        code = cli.main(list(args))
+        captured = capsys.readouterr()
+        return Command(code, captured.out, captured.err)
+
+    return run
+
+
+# ---------------------------------------------------------------- one sweep for many tests
+
+QUICK_SWEEP = [
+    "trainer.epochs=1",
+    "trainer.max_steps=6",
+    "trainer.log_every=2",
+    "trainer.timing_warmup_steps=1",
+    "trainer.progress=false",
+    "model.width=8",
+]
+
+
+@dataclass
+class SweepRun:
+    folder: Path  # where the command ran
+    uri: str  # its store
+    args: list[str]
+    proc: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def three_mode_sweep(tmp_path_factory, empty_store) -> SweepRun:
+    """``ampsweep train -m precision=fp32,fp16,bf16`` run once, in a real process, with the
+    store given by MLFLOW_TRACKING_URI. Read it, never write to it: several tests share it
+    (mark them ``xdist_group("three_mode_sweep")`` so that one worker runs them all)."""
+    folder = tmp_path_factory.mktemp("three_mode_sweep")
+    shutil.copy(empty_store, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    args = ["train", "-m", "precision=fp32,fp16,bf16", *QUICK_SWEEP]
+    proc = run_cli(args, cwd=folder, env={"MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return SweepRun(folder, uri, args, proc)

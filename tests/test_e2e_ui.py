@@ -1,9 +1,9 @@
-"""`ampsweep ui`: MLflow's UI over a sweep's store, checked over HTTP and in a real browser."""
+"""``ampsweep ui`` in a real process: MLflow's UI over a sweep's store, checked over HTTP and in
+a real browser (Debian's chromium; required in CI)."""
 
 from __future__ import annotations
 
 import json
-import os
 import queue
 import shutil
 import signal
@@ -15,11 +15,11 @@ import time
 import urllib.request
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import cli_env, require_tool
 
-from ampsweep.tracking import store as mlflow_store
+from ampsweep.tracking import store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("three_mode_sweep")]
 
 
 def _free_port() -> int:
@@ -29,20 +29,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A two-mode sweep in a temporary store, and `ampsweep ui` serving it."""
-    folder = tmp_path_factory.mktemp("ui")
-    store = f"sqlite:///{folder / 'mlflow.db'}"
-    quick = ["trainer.epochs=1", "trainer.max_steps=4", "trainer.log_every=2"]
-    quick += ["trainer.timing_warmup_steps=1", "trainer.progress=false", "model.width=8"]
-    res = run_cli(["train", "-m", "precision=fp32,bf16", f"tracking.uri={store}", *quick], folder)
-    assert res.returncode == 0, res.stderr
+def served(three_mode_sweep):
+    """`ampsweep ui` serving the shared three-mode sweep's store (read only)."""
+    folder, uri = three_mode_sweep.folder, three_mode_sweep.uri
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "MLFLOW_TRACKING_URI": store}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ampsweep", "ui", "--port", str(port)],  # store from the env
         cwd=folder,
-        env=env,
+        env=cli_env({"MLFLOW_TRACKING_URI": uri}),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -60,7 +54,7 @@ def served(tmp_path_factory):
             link = line.split(": ", 1)[1].strip()
     try:
         assert link, "ampsweep ui printed no link"
-        yield {"store": store, "port": port, "link": link, "proc": proc}
+        yield {"store": uri, "port": port, "link": link, "proc": proc}
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -76,7 +70,7 @@ def test_ui_binds_localhost_and_links_the_classic_runs_view(served):
 
 
 def test_rest_search_returns_the_sweeps_runs(served):
-    client = mlflow_store.client_for(served["store"])
+    client = store.client_for(served["store"])
     exp_id = client.get_experiment_by_name("ampsweep").experiment_id
     body = json.dumps({"experiment_ids": [exp_id], "max_results": 100}).encode()
     req = urllib.request.Request(
@@ -87,16 +81,13 @@ def test_rest_search_returns_the_sweeps_runs(served):
     with urllib.request.urlopen(req, timeout=30) as r:
         runs = json.load(r)["runs"]
     names = {x["info"]["run_name"] for x in runs}
-    assert {"fp32-cnn-digits", "bf16-cnn-digits"} <= names
-    parents = [
-        x for x in runs if x["info"]["run_name"] not in ("fp32-cnn-digits", "bf16-cnn-digits")
-    ]
-    assert len(parents) == 1
-    pid = parents[0]["info"]["run_id"]
-    for x in runs:
-        if x["info"]["run_id"] != pid:
-            tags = {t["key"]: t["value"] for t in x["data"]["tags"]}
-            assert tags[mlflow_store.PARENT] == pid
+    assert {"fp32-cnn-digits", "fp16-cnn-digits", "bf16-cnn-digits"} <= names
+    tags = {x["info"]["run_id"]: {t["key"]: t["value"] for t in x["data"]["tags"]} for x in runs}
+    parents = [run_id for run_id, t in tags.items() if t.get(store.SWEEP) == "true"]
+    assert len(parents) == 1 and len(runs) == 4
+    for run_id, t in tags.items():
+        if run_id != parents[0]:
+            assert t[store.PARENT] == parents[0]
 
 
 def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess:
@@ -109,9 +100,12 @@ def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(["chromium", *flags, *args], capture_output=True, text=True, timeout=180)
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
 def test_browser_renders_the_sweep_with_its_child_runs(served, tmp_path):
-    client = mlflow_store.client_for(served["store"])
+    found = shutil.which("chromium")
+    require_tool(
+        "chromium", None if found else "needs Debian's chromium (apt-get install chromium)"
+    )
+    client = store.client_for(served["store"])
     exp = client.get_experiment_by_name("ampsweep")
     parent = client.search_runs(
         [exp.experiment_id], filter_string="tags.`ampsweep.sweep` = 'true'"
@@ -126,8 +120,9 @@ def test_browser_renders_the_sweep_with_its_child_runs(served, tmp_path):
     assert "speedup/bf16" in dom
     table = _chromium(["--dump-dom", served["link"]], tmp_path).stdout
     assert parent.info.run_name in table  # the experiment's runs table shows the sweep
-    shots = REPO / "outputs"
-    shots.mkdir(exist_ok=True)
     for name, url in [("ui-experiment.png", served["link"]), ("ui-sweep-run.png", page)]:
-        _chromium([f"--screenshot={shots / name}", url], tmp_path)
-        assert (shots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        shot = tmp_path / name  # a new folder: an old picture cannot pass for this one
+        assert not shot.exists()
+        _chromium([f"--screenshot={shot}", url], tmp_path)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert shot.stat().st_size > 10_000  # a rendered page, not an empty frame

@@ -1,8 +1,10 @@
-"""Gradient-underflow diagnostics: thresholds, the loop call, the table, the finding, the demo."""
+"""measure/diagnostics.py: gradient-underflow thresholds, the measurement the loop makes every
+N steps, the per-layer tables, and the shipped demo learning worse only without scaling."""
 
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,6 @@ from ampsweep.config.schema import DiagnosticsConfig
 from ampsweep.engine import build as train
 from ampsweep.engine import loop
 from ampsweep.measure.diagnostics import COUNTS, Diagnostics, _counts
-from ampsweep.report.findings import underflow_finding as finding
 
 DEMO = ["experiment=underflow_demo", "tracking=none", "trainer.progress=false"]
 
@@ -85,7 +86,7 @@ def test_the_loop_measures_every_n_steps_and_sees_fp16_noscale_lose_gradient():
 def test_diagnostics_off_log_nothing(quick):
     summary, diag, setup = run("fp32", [*quick, "diagnostics.every=0"])
     assert diag == [] and setup.diagnostics.table() == []
-    assert setup.diagnostics.write_tables(__import__("pathlib").Path("/nonexistent")) == []
+    assert setup.diagnostics.write_tables(Path("/nonexistent")) == []
 
 
 def test_per_layer_tables_are_written(tmp_path, quick):
@@ -99,44 +100,6 @@ def test_per_layer_tables_are_written(tmp_path, quick):
     rows = list(csv.DictReader(paths[0].open()))
     assert rows[-1]["layer"] == "(all)" and "grad_subnormal_frac" in rows[0]
     assert "| layer |" in paths[2].read_text()
-
-
-def test_the_run_records_the_table_as_artifacts(store, quick):
-    from mlflow import MlflowClient
-
-    from ampsweep.app.job import run_job
-
-    cfg = config.load([*quick, f"tracking.uri={store}", "precision=fp16", "diagnostics.every=2"])
-    outcome = run_job(cfg)
-    assert outcome.status == "FINISHED"
-    client = MlflowClient(store)
-    names = [a.path for a in client.list_artifacts(outcome.run_id, "diagnostics")]
-    assert "diagnostics/grad_underflow.csv" in names
-    history = client.get_metric_history(outcome.run_id, "amp/grad_underflow_frac_scaled")
-    assert [m.step for m in history] == [2, 4, 6]
-
-
-def test_finding_states_the_loss_and_the_rescue():
-    runs = {
-        "fp32": {"amp/grad_underflow_frac": 0.4, "amp/grad_subnormal_frac": 0.9, "val/acc": 0.97},
-        "fp16_noscale": {
-            "amp/grad_underflow_frac": 0.4,
-            "amp/grad_flushed_frac": 0.55,
-            "val/acc": 0.5,
-        },
-        "fp16": {
-            "amp/grad_underflow_frac": 0.4,
-            "amp/grad_underflow_frac_scaled": 0.004,
-            "amp/loss_scale": 65536.0,
-        },
-    }
-    text = finding(runs)
-    assert "would flush 40% of the non-zero gradient values" in text
-    assert "actually lost 55%" in text and "val/acc 0.500 against 0.970 in fp32" in text
-    assert "scale 65536 leaves 0.4% below" in text and "keeps 99%" in text
-    assert finding({"fp32": {"val/acc": 0.9}}) is None
-    assert "not" not in finding({"bf16": {"amp/grad_underflow_frac": 0.2}}).split(".")[0]
-    assert "without loss scaling" in finding({"fp32": {"amp/grad_underflow_frac": 0.0}})
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""config.py and schema.py: every shipped config composes; every bad input is one line."""
+"""config/compose.py: every shipped config composes (groups, experiments, launchers); every
+bad input is one line with the key, the value and the fix; flatten, YAML and sweep expansion."""
 
 from __future__ import annotations
 
@@ -192,3 +193,26 @@ def test_expand_sweep_bad_override():
 def test_config_dir_is_the_checkout_conf():
     assert (CONF / "config.yaml").is_file()
     assert CONF.name == "conf"
+
+
+def test_slurm_launcher_config_composes_with_its_knobs():
+    cfg = config.compose(
+        [
+            "hydra/launcher=ampsweep_slurm",
+            "hydra.launcher.partition=gpu",
+            "hydra.launcher.timeout_min=240",
+            "trainer.nproc=4",
+        ],
+        return_hydra_config=True,
+    )
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher["partition"], launcher["timeout_min"]) == ("gpu", 240)
+    # one task (rank) and one GPU per process of trainer.nproc
+    assert cfg.hydra.launcher.tasks_per_node == cfg.hydra.launcher.gpus_per_node == 4
+
+
+def test_local_launcher_config_composes():
+    cfg = config.compose(["hydra/launcher=ampsweep_local"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("submitit_launcher.LocalLauncher")
+    assert cfg.hydra.launcher.tasks_per_node == 1

@@ -1,4 +1,5 @@
-"""precision/policy: what each mode does to dtypes, the scaler and the global TF32 state."""
+"""precision/policy.py: what each mode does to dtypes, the scaler and the global TF32 state
+(restored after every test by the conftest), and how a mode is refused on this hardware."""
 
 from __future__ import annotations
 
@@ -33,13 +34,6 @@ CPU_MODES = {
 
 def policy_for(*overrides: str, device: torch.device = CPU):
     return build_policy(config.load(list(overrides)).precision, device)
-
-
-@pytest.fixture(autouse=True)
-def restore_tf32():
-    before = tf32_enabled()
-    yield
-    set_tf32(before[0])
 
 
 @pytest.mark.parametrize("mode", CPU_MODES)

@@ -1,4 +1,6 @@
-"""DDP: sharding, rank handling, and real 2-process Gloo runs on CPU (marked slow)."""
+"""DDP for real: two Gloo processes on CPU train like one process with the global batch,
+``trainer.nproc=2`` is one MLflow run, a DDP run resumes from its checkpoint, and a rank that
+crashes ends the command non-zero instead of hanging."""
 
 from __future__ import annotations
 
@@ -7,71 +9,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
+from conftest import REPO, all_runs, run_cli
 
-from ampsweep.engine import distributed
-from ampsweep.engine.data import batches as data
-from tests.conftest import REPO, run_cli
-
-# ---------------------------------------------------------------- sharding (fast)
-
-
-def _batches(n, batch_size, rank=0, world=1, shuffle=True, drop_last=True):
-    x = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1)
-    y = torch.arange(n)
-    return data.Batches(
-        (x, y),
-        batch_size,
-        torch.device("cpu"),
-        torch.float32,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        seed=3,
-        preload=True,
-        rank=rank,
-        world_size=world,
-    )
-
-
-@pytest.mark.parametrize("epoch", [0, 1])
-def test_ranks_together_see_the_single_process_batch(epoch):
-    single = [y.tolist() for _, y in _batches(103, 8).epoch(epoch)]
-    shards = [[y.tolist() for _, y in _batches(103, 4, r, 2).epoch(epoch)] for r in (0, 1)]
-    assert len(shards[0]) == len(shards[1]) == len(single) == 103 // 8
-    for i, batch in enumerate(single):
-        assert sorted(shards[0][i] + shards[1][i]) == sorted(batch)
-        assert not set(shards[0][i]) & set(shards[1][i])
-    # reshuffled each epoch, the same way on every rank
-    other = [y.tolist() for _, y in _batches(103, 4, 0, 2).epoch(epoch + 1)]
-    assert other != shards[0]
-
-
-def test_validation_shards_cover_the_split_once():
-    seen = []
-    for r in range(3):
-        for _, y in _batches(10, 4, r, 3, shuffle=False, drop_last=False).epoch(0):
-            seen += y.tolist()
-    assert sorted(seen) == list(range(10))
-
-
-def test_too_small_shard_names_the_key():
-    from ampsweep.config.schema import ConfigError
-
-    with pytest.raises(ConfigError, match=r"trainer.batch_size=8 .*4 per process for 2"):
-        _batches(9, 8, 0, 2)
-
-
-def test_rank_from_env_and_rank_overrides():
-    assert distributed.from_env({}) == distributed.Rank()
-    r1 = distributed.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
-    assert (r1.rank, r1.world_size, r1.enabled, r1.is_main) == (1, 2, True, False)
-    assert distributed.rank_overrides(distributed.Rank()) == []
-    assert "hydra.output_subdir=null" in distributed.rank_overrides(r1)
-
-
-# ---------------------------------------------------------------- 2 processes (slow)
+from ampsweep.app import job
+from ampsweep.tracking import store
 
 # Each rank builds and trains the same config through train.build/fit, then saves its
 # parameters; the test compares the ranks and a single process with the same global batch.
@@ -109,7 +54,7 @@ EXACT = [
 
 
 def _env():
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     env.pop("WORLD_SIZE", None)
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -151,14 +96,11 @@ def test_two_ranks_equal_each_other_and_one_process_with_the_global_batch(tmp_pa
 
 
 @pytest.mark.slow
-def test_nproc_2_is_one_mlflow_run(tmp_path, store):
-    from mlflow import MlflowClient
-
+def test_nproc_2_is_one_mlflow_run(tmp_path, store_uri):
     args = ["train", *EXACT[:-1], "trainer.batch_size=16", "trainer.nproc=2"]
-    proc = run_cli([*args, f"tracking.uri={store}"], tmp_path, env={"OMP_NUM_THREADS": "1"})
+    proc = run_cli([*args, f"tracking.uri={store_uri}"], tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(store)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    runs = all_runs(store_uri)
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FINISHED"
@@ -197,3 +139,25 @@ def test_a_ddp_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     assert not any(k.startswith("module.") for k in a["model"])  # DDP's wrapper is not saved
+
+
+@pytest.mark.slow
+def test_a_crashing_rank_ends_the_command_non_zero_without_hanging(tmp_path, store_uri):
+    """Rank 1 dies (SIGKILL) at step 3 while rank 0 waits for it in a collective: the elastic
+    agent ends rank 0 and the command exits non-zero in seconds, not at some timeout."""
+    args = ["train", *EXACT[:-1], "trainer.batch_size=16", "trainer.nproc=2"]
+    args += ["trainer.max_steps=400", "trainer.epochs=100", f"tracking.uri={store_uri}"]
+    started = time.monotonic()
+    proc = run_cli(
+        args,
+        tmp_path,
+        env={"OMP_NUM_THREADS": "1", job.SIGNAL_AT_STEP: "3:SIGKILL:rank=1"},
+        timeout=240,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert took < 180, f"the command took {took:.0f} s to notice the dead rank"
+    (run,) = all_runs(store_uri)  # rank 0's run: ended, not left RUNNING
+    assert run.info.status in (store.FAILED, store.KILLED), run.data.tags.get(store.ERROR)
+    history = store.client_for(store_uri).get_metric_history(run.info.run_id, "train/loss")
+    assert max((m.step for m in history), default=0) < 400  # it did not train on alone

@@ -1,4 +1,6 @@
-"""engine/data: each loader reads files written here in the real formats; batches are seeded."""
+"""engine/data/images.py: each built-in loader reads files written here in the real formats;
+the in-memory data sets are fixed by their seeds; a missing or unreachable data set is one
+line that says where it looked."""
 
 from __future__ import annotations
 
@@ -12,12 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from ampsweep.config.schema import ConfigError, DatasetConfig, Preload
+from ampsweep.config.schema import ConfigError, DatasetConfig
 from ampsweep.engine import data
 from ampsweep.engine.data import images
-from ampsweep.engine.data.batches import Augment, Batches
 
-CPU = torch.device("cpu")
 RNG = np.random.default_rng(0)
 
 
@@ -177,20 +177,6 @@ def test_imagefolder_errors(tmp_path):
         data.load(dataset("imagefolder", tmp_path / "one"))
 
 
-def test_imagefolder_preload_true_and_false_give_the_same_batches(tmp_path):
-    make_image_folder(tmp_path / "images")
-    splits = data.load(dataset("imagefolder", tmp_path / "images", image_size=8))
-    streamed = Batches(
-        splits.train, 4, CPU, torch.float32, shuffle=True, drop_last=True, seed=3, preload=False
-    )
-    loaded = Batches(
-        data.materialise(splits.train), 4, CPU, torch.float32, shuffle=True, drop_last=True,
-        seed=3, preload=True,
-    )  # fmt: skip
-    for (xa, ya), (xb, yb) in zip(streamed.epoch(1), loaded.epoch(1), strict=True):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-
-
 # ---------------------------------------------------------------- in-memory data sets
 
 
@@ -229,93 +215,6 @@ def test_own_normalisation_overrides_the_default():
     torch.testing.assert_close(splits.train[0], (raw.train[0] - 0.5) / 2.0)
     with pytest.raises(ConfigError, match="dataset.mean has 3 values"):
         data.load(dataset("digits", mean=[0.1, 0.2, 0.3], std=[1.0, 1.0, 1.0]))
-
-
-# ---------------------------------------------------------------- batches
-
-
-def indexed_split(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images whose every pixel is the sample's index, so a batch shows which samples it holds."""
-    idx = torch.arange(n)
-    return idx.float().view(n, 1, 1, 1).expand(n, 1, 4, 4).contiguous(), idx
-
-
-def batches(split=None, seed: int = 0, preload: bool = True, augment=None, bs: int = 8):
-    return Batches(
-        split or indexed_split(), bs, CPU, torch.float32, shuffle=True, drop_last=True,
-        seed=seed, preload=preload, augment=augment,
-    )  # fmt: skip
-
-
-def order(b: Batches, epoch: int, start: int = 0) -> list[int]:
-    return [i for _, y in b.epoch(epoch, start) for i in y.tolist()]
-
-
-def test_batch_order_depends_only_on_seed_and_epoch():
-    first = order(batches(seed=1), 2)
-    assert order(batches(seed=1), 2) == first  # a fresh object: same order
-    assert order(batches(seed=1), 3) != first
-    assert order(batches(seed=2), 2) != first
-    assert len(first) == len(set(first)) == 40  # each sample once per epoch
-
-
-def test_start_resumes_mid_epoch():
-    b = batches(seed=1)
-    assert order(b, 1, start=2) == order(b, 1)[16:]
-
-
-def test_start_resumes_mid_epoch_with_augmentation():
-    # Resuming must give the same images as the uninterrupted epoch, augmentation included.
-    aug = Augment(padding=1, flip=True)
-    b = batches(split=(torch.randn(40, 2, 5, 5), torch.arange(40)), seed=1, augment=aug)
-    full = [x for x, _ in b.epoch(1)]
-    resumed = [x for x, _ in b.epoch(1, start=2)]
-    assert len(resumed) == len(full) - 2
-    for a, r in zip(full[2:], resumed, strict=True):
-        assert torch.equal(a, r)
-
-
-def test_augmentation_keeps_shapes_and_changes_images():
-    split = (torch.randn(40, 3, 6, 6), torch.arange(40))
-    plain = [x for x, _ in batches(split).epoch(0)]
-    augmented = [x for x, _ in batches(split, augment=Augment(padding=2, flip=True)).epoch(0)]
-    assert all(a.shape == p.shape == (8, 3, 6, 6) for a, p in zip(augmented, plain, strict=True))
-    assert any(not torch.equal(a, p) for a, p in zip(augmented, plain, strict=True))
-    again = [x for x, _ in batches(split, augment=Augment(padding=2, flip=True)).epoch(0)]
-    assert all(torch.equal(a, b) for a, b in zip(augmented, again, strict=True))
-
-
-def test_flip_only_mirrors():
-    x = torch.randn(64, 1, 3, 5)
-    out = Augment(flip=True)(x, torch.Generator().manual_seed(0))
-    same = (out == x).flatten(1).all(1)
-    mirrored = (out == x.flip(3)).flatten(1).all(1)
-    assert bool((same | mirrored).all()) and mirrored.any() and same.any()
-
-
-@pytest.mark.parametrize("augment", [None, Augment(padding=1, flip=True)])
-def test_preload_true_and_false_give_the_same_batches(augment):
-    split = (torch.randn(40, 2, 5, 5), torch.arange(40))
-    on = batches(split, preload=True, augment=augment)
-    off = batches(split, preload=False, augment=augment)
-    for (xa, ya), (xb, yb) in zip(on.epoch(2), off.epoch(2), strict=True):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-
-
-def test_validation_batches_keep_the_tail():
-    b = Batches(
-        indexed_split(10), 4, CPU, torch.float32, shuffle=False, drop_last=False, seed=0,
-        preload=True,
-    )  # fmt: skip
-    assert len(b) == 3 and order(b, 0) == list(range(10))
-
-
-def test_should_preload():
-    cfg = dataset("digits")
-    in_memory = data.load(cfg)
-    assert data.should_preload(cfg, in_memory)
-    cfg.preload = Preload.false.value
-    assert not data.should_preload(cfg, in_memory)
 
 
 @pytest.mark.parametrize("name,cls", [("mnist", "MNIST"), ("cifar10", "CIFAR10")])

@@ -1,4 +1,5 @@
-"""FLOPs per step, the peak table and the speed metrics."""
+"""measure/flops.py: FLOPs of one training step (counted, not assumed), the GPU peak table,
+and the speed metrics TFLOPS and MFU on numbers worked out by hand."""
 
 from __future__ import annotations
 
@@ -95,9 +96,35 @@ def test_speed_metrics_on_cpu_have_tflops_but_no_mfu():
     assert "perf/mfu" not in out
 
 
-def test_a_run_records_tflops(quick):
-    cfg = config.load([*quick, "tracking=none", "precision=fp32"])
+def test_a_run_records_tflops_of_its_known_flops_over_its_step_time(quick, monkeypatch):
+    """The mlp of width 8 on digits: Linear 64->32, 32->32, 32->10, batches of 64, two
+    micro-batches a step. Forward 2*64*(64*32 + 32*32 + 32*10) = 434,176 FLOPs; backward the
+    same again for the weight gradients plus 2*64*(32*32 + 32*10) = 172,032 for the input
+    gradients of the two upper layers: 1,040,384 per micro-batch, 2,080,768 per step. At 8 ms
+    a step that is 2,080,768 / 0.008 s = 2.60096e8 FLOP/s = 2.60096e-4 TFLOPS."""
+    from ampsweep.measure.timing import StepTimer
+
+    monkeypatch.setattr(StepTimer, "median_ms", lambda self: 8.0)
+    cfg = config.load([
+        *quick, "tracking=none", "precision=fp32", "model=mlp", "model.width=8",
+        "trainer.grad_accum_steps=2",
+    ])  # fmt: skip
     summary = loop.fit(train.build(cfg), lambda m, s: None)
-    expected = summary["perf/gflops_per_step"] * 1e9 / (summary["perf/step_time_ms"] / 1e3)
-    assert summary["perf/tflops"] == pytest.approx(expected / 1e12)
-    assert summary["perf/gflops_per_step"] > 0 and "perf/mfu" not in summary
+    assert summary["perf/gflops_per_step"] == pytest.approx(0.002080768)
+    assert summary["perf/tflops"] == pytest.approx(2.60096e-4)
+    assert "perf/mfu" not in summary  # no peak on a CPU
+
+
+def test_mfu_divides_by_the_peak_of_the_gpu_and_the_modes_math(monkeypatch):
+    # 494.5 TFLOPS is the H200's dense TF32 peak; bf16 runs against 989.5.
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    cuda = torch.device("cuda", 0)
+    out = flops.speed_metrics(98_900_000_000, 1000.0, cuda, policy("bf16"))  # 0.0989 TFLOPS
+    assert out["perf/tflops"] == pytest.approx(0.0989)
+    assert out["perf/mfu"] == pytest.approx(0.0989 / 989.5)
+    unknown = flops.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Mystery GPU")
+    assert "perf/mfu" not in flops.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
+    assert unknown["perf/mfu"] == pytest.approx(1.0 / 67.0)  # H200 fp32: 67 TFLOPS
+    assert flops.speed_metrics(0, 10.0, cuda, policy("fp32")) == {}
+    assert flops.speed_metrics(10**9, None, cuda, policy("fp32")) == {}

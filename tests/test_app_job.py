@@ -1,0 +1,469 @@
+"""app/job.py: one job, run in this process, and what it leaves in a temporary SQLite store:
+the recorded run, failures ended FAILED/KILLED, stop requests, resume by run id and every
+resume refusal, divergence, secrets, clean global state between the jobs of a sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import all_runs, resumable
+
+from ampsweep.app import job
+from ampsweep.config import compose as config
+from ampsweep.engine import checkpoint, loop
+from ampsweep.tracking import store
+
+METRICS_CPU = {
+    "train/loss",
+    "train/lr",
+    "val/loss",
+    "val/acc",
+    "perf/step_time_ms",
+    "perf/samples_per_s",
+    "perf/wall_s",
+    "mem/activation_mib",
+    "mem/peak_rss_mib",
+    "amp/skipped_steps",
+}
+METRICS_SCALER = {"amp/loss_scale"}
+METRICS_CUDA = {"mem/peak_allocated_mib", "mem/peak_reserved_mib"}
+TAGS = {
+    "precision",
+    "model",
+    "dataset",
+    "device",
+    "device_name",
+    "torch_version",
+    "ampsweep_version",
+    "git_commit",  # the tests run inside the git checkout
+    "git_dirty",
+    "host",
+}
+
+
+def run(uri: str, quick: list[str], *overrides: str, command=None) -> job.JobOutcome:
+    cfg = config.load([*quick, f"tracking.uri={uri}", *overrides])
+    return job.run_job(cfg, command=command)
+
+
+def in_main_thread() -> None:
+    # Signal handlers can only be installed (and signals only delivered) in the main thread.
+    assert threading.current_thread() is threading.main_thread()
+
+
+# ---------------------------------------------------------------- what a run records
+
+
+def test_a_run_records_every_metric_param_tag_and_artifact(tmp_path, store_uri, quick):
+    outcome = run(store_uri, quick, "precision=fp16")
+    assert outcome.status == "FINISHED" and outcome.exit_code == 0
+    client = store.client_for(store_uri)
+    r = client.get_run(outcome.run_id)
+    assert r.info.status == "FINISHED"
+    assert r.info.run_name == "fp16-cnn-digits"
+
+    assert set(r.data.metrics) >= METRICS_CPU | METRICS_SCALER
+    assert not set(r.data.metrics) & METRICS_CUDA  # CPU run
+    steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
+    assert steps == [2, 4, 6]  # every trainer.log_every=2 steps
+    assert [m.step for m in client.get_metric_history(r.info.run_id, "val/acc")] == [6]
+    assert 0.0 <= r.data.metrics["val/acc"] <= 1.0
+    assert r.data.metrics["amp/loss_scale"] > 0
+
+    # Params: the whole resolved config, flattened.
+    resolved = config.load([*quick, f"tracking.uri={store_uri}", "precision=fp16"])
+    # the resolved config, flattened, plus what ran (the world size is a param)
+    assert set(r.data.params) == set(config.flatten(resolved)) | {"world_size"}
+    assert r.data.params["precision.name"] == "fp16"
+    assert r.data.params["precision.dtype"] == "fp16"  # filled in when the mode was resolved
+    assert r.data.params["precision.autocast"] == "True"
+    assert r.data.params["precision.scaler.enabled"] == "True"
+    assert r.data.params["model.name"] == "cnn"
+    assert r.data.params["trainer.max_steps"] == "6"
+
+    assert set(r.data.tags) >= TAGS
+    assert (r.data.tags["precision"], r.data.tags["model"], r.data.tags["dataset"]) == (
+        "fp16",
+        "cnn",
+        "digits",
+    )
+    assert r.data.tags["device"] == "cpu"
+    assert "error" not in r.data.tags
+
+    names = {a.path for a in client.list_artifacts(r.info.run_id)}
+    assert {"config.yaml", "summary.json"} <= names
+    got = Path(client.download_artifacts(r.info.run_id, "summary.json", str(tmp_path)))
+    summary = json.loads(got.read_text())
+    assert summary["val/acc"] == pytest.approx(r.data.metrics["val/acc"])
+    assert summary["train/steps"] == 6
+    text = Path(client.download_artifacts(r.info.run_id, "config.yaml", str(tmp_path))).read_text()
+    assert "name: fp16" in text and "dtype: fp16" in text
+
+    # Artifacts land under outputs/ of the folder the run started in, not ./mlruns.
+    exp = client.get_experiment(r.info.experiment_id)
+    assert exp.artifact_location.startswith((tmp_path / "outputs" / "mlartifacts").as_uri())
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_auto_records_the_resolved_mode(store_uri, quick):
+    outcome = run(store_uri, quick, "model=mlp")
+    r = store.client_for(store_uri).get_run(outcome.run_id)
+    assert r.data.params["precision.name"] == "fp32"
+    assert r.data.tags["precision"] == "fp32"
+    assert r.info.run_name == "fp32-mlp-digits"
+    assert "amp/loss_scale" not in r.data.metrics  # no scaler, no scale metric
+
+
+def test_run_name_override(store_uri, quick):
+    outcome = run(store_uri, quick, "model=mlp", "tracking.run_name=mine")
+    assert store.client_for(store_uri).get_run(outcome.run_id).info.run_name == "mine"
+
+
+def test_the_run_records_the_underflow_table_as_artifacts(store_uri, quick):
+    outcome = run(store_uri, quick, "precision=fp16", "diagnostics.every=2")
+    assert outcome.status == "FINISHED"
+    client = store.client_for(store_uri)
+    names = [a.path for a in client.list_artifacts(outcome.run_id, "diagnostics")]
+    assert "diagnostics/grad_underflow.csv" in names
+    history = client.get_metric_history(outcome.run_id, "amp/grad_underflow_frac_scaled")
+    assert [m.step for m in history] == [2, 4, 6]
+
+
+def test_tracking_none_records_nothing(tmp_path, quick):
+    outcome = job.run_job(config.load([*quick, "model=mlp", "tracking=none"]))
+    assert outcome.status == "FINISHED" and outcome.run_id is None
+    # nothing tracked: no store, no artifacts (the end-of-training checkpoint is still written)
+    written = (
+        {p.name for p in (tmp_path / "outputs").iterdir()}
+        if (tmp_path / "outputs").exists()
+        else set()
+    )
+    assert written <= {"checkpoints"}
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_a_failing_run_is_failed_with_its_error_tag(store_uri, quick, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(loop, "fit", broken)
+    outcome = run(store_uri, quick, "model=mlp")
+    assert outcome.status == "FAILED" and outcome.exit_code == job.EXIT_FAILED
+    r = store.client_for(store_uri).get_run(outcome.run_id)
+    assert r.info.status == "FAILED"
+    assert r.data.tags["error"] == "RuntimeError: boom second line"  # one line
+
+
+def test_ctrl_c_ends_the_run_killed(store_uri, quick, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "fit", interrupted)
+    command = job.CommandContext()
+    with pytest.raises(KeyboardInterrupt):
+        run(store_uri, quick, "model=mlp", command=command)
+    (r,) = all_runs(store_uri)
+    assert r.info.status == "KILLED"
+    assert command.outcomes[-1].status == "KILLED"
+    assert command.outcomes[-1].exit_code == job.EXIT_KILLED
+
+
+def test_a_config_the_hardware_or_data_refuses_leaves_no_run(tmp_path, store_uri, quick):
+    outcome = run(store_uri, quick, "dataset=mnist", f"dataset.root={tmp_path / 'none'}")
+    assert outcome.status == "FAILED" and outcome.exit_code == job.EXIT_CONFIG
+    assert "dataset=mnist" in outcome.error
+    assert all_runs(store_uri) == []
+    outcome = run(store_uri, quick, "precision=tf32")
+    assert outcome.exit_code == job.EXIT_CONFIG and "precision=tf32" in outcome.error
+    assert all_runs(store_uri) == []
+
+
+def test_diverging_lr_stops_failed_and_the_sweep_goes_on(store_uri, quick):
+    base = [*quick, "trainer.max_steps=60", f"tracking.uri={store_uri}"]
+    bad = job.run_job(
+        config.load([*base, "optimizer=sgd", "optimizer.lr=1e6", "trainer.max_nonfinite_steps=4"])
+    )
+    assert bad.status == "FAILED" and bad.exit_code == job.EXIT_FAILED
+    client = store.client_for(store_uri)
+    r = client.get_run(bad.run_id)
+    assert r.data.tags["diverged"] == "true"
+    assert r.data.tags["error"].startswith("Diverged: loss non-finite for 4 consecutive")
+    steps = [m.step for m in client.get_metric_history(bad.run_id, "train/loss")]
+    assert steps and max(steps) < 60  # stopped early, with the metrics up to then kept
+    good = job.run_job(config.load(base))  # the next job of a sweep runs as usual
+    assert good.status == "FINISHED"
+
+
+# ---------------------------------------------------------------- stop requests
+
+
+def test_a_second_signal_stops_at_once():
+    in_main_thread()
+    stop = job.StopRequest().install()
+    try:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)  # the first: noted, honoured at the next step
+            assert stop.requested
+            with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+                os.kill(os.getpid(), signal.SIGINT)  # the second: at once
+    finally:
+        stop.uninstall()
+
+
+def test_a_signal_outside_the_training_loop_stops_at_once():
+    in_main_thread()
+    stop = job.StopRequest().install()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert not stop.requested
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is not stop._handle  # uninstalled
+
+
+def test_the_test_hook_signals_at_its_step(store_uri, quick, monkeypatch, capsys):
+    in_main_thread()
+    monkeypatch.setenv(job.SIGNAL_AT_STEP, "3:SIGTERM")
+    command = job.CommandContext()
+    with pytest.raises(KeyboardInterrupt):
+        run(store_uri, quick, command=command)
+    (r,) = all_runs(store_uri)
+    assert r.info.status == "KILLED"
+    assert r.data.tags["error"].startswith("interrupted (stopped at step 3, checkpoint ")
+    assert "SIGTERM: stopping after this step" in capsys.readouterr().err
+    assert command.outcomes[-1].exit_code == job.EXIT_KILLED
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("14:SIGKILL", (14, signal.SIGKILL, {})),
+        ("6:SIGTERM:job=1", (6, signal.SIGTERM, {"job": 1})),
+        ("2:SIGINT:rank=1", (2, signal.SIGINT, {"rank": 1})),
+    ],
+)
+def test_the_test_hook_reads_step_signal_and_whom(value, expected):
+    assert job.signal_at_step(value) == expected
+
+
+@pytest.mark.parametrize("value", ["SIGKILL", "x:SIGKILL", "3:SIGNOPE", "3:SIGTERM:node=2"])
+def test_a_malformed_test_hook_is_refused(value):
+    with pytest.raises(ValueError, match=job.SIGNAL_AT_STEP):
+        job.signal_at_step(value)
+
+
+def test_the_test_hook_signals_only_the_job_it_names(monkeypatch):
+    monkeypatch.setenv(job.SIGNAL_AT_STEP, "6:SIGTERM:job=1")
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    for num in (0, 1, None):
+        stop = job.StopRequest.for_job(num, rank=0)
+        for step in range(1, 10):
+            stop.after_step(step)
+    assert sent == [(os.getpid(), signal.SIGTERM)]  # job 1 at step 6, once
+
+
+def test_sigterm_after_the_last_step_keeps_the_run_finished_and_stops(
+    store_uri, quick, monkeypatch, main
+):
+    """A signal that arrives after the loop's last check (here: during the final evaluation)
+    lets the run finish and record, then stops the command with a non-zero exit."""
+    in_main_thread()
+    real = loop.evaluate
+
+    def evaluate_then_signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", evaluate_then_signalled)
+    result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
+    assert result.code == job.EXIT_KILLED
+    assert "SIGTERM: stopping after this step" in result.err
+    assert result.err.strip().endswith("error: interrupted")
+    (r,) = all_runs(store_uri)
+    assert r.info.status == "FINISHED" and "error" not in r.data.tags
+    assert "fp32-mlp-digits finished" in result.out
+
+
+def test_sigterm_while_the_run_is_recorded_ends_it_killed(store_uri, quick, monkeypatch, main):
+    in_main_thread()
+    from ampsweep.tracking.recorder import MlflowRecorder
+
+    real = MlflowRecorder.log_json
+
+    def log_json_then_signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # outside the loop: stops at once
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowRecorder, "log_json", log_json_then_signalled)
+    result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
+    assert result.code == job.EXIT_KILLED
+    (r,) = all_runs(store_uri)
+    assert r.info.status == "KILLED" and r.data.tags["error"] == "interrupted (SIGTERM)"
+
+
+# ---------------------------------------------------------------- resume by run id
+
+
+def test_resume_by_run_id_continues_the_same_run(tmp_path, store_uri):
+    args = [*resumable(tmp_path / "ck", "trainer.max_steps=9", "trainer.checkpoint_every=3")]
+    args.append(f"tracking.uri={store_uri}")
+    first = job.run_job(config.load(args))
+    client = store.client_for(store_uri)
+    # Pretend it was killed after step 6: drop the end checkpoint, mark it KILLED.
+    folder = Path(client.get_run(first.run_id).data.tags["checkpoint_dir"])
+    (folder / "step-00000009-end.pt").unlink()
+    client.set_terminated(first.run_id, "KILLED")
+    again = job.run_job(config.load([*args, f"trainer.resume={first.run_id}"]))
+    assert again.status == "FINISHED" and again.run_id == first.run_id
+    history = client.get_metric_history(first.run_id, "train/loss")
+    steps = [m.step for m in history]
+    assert sorted(steps) == [3, 6, 9]  # step 9 was already logged: not logged twice
+    r = client.get_run(first.run_id)
+    assert r.data.tags["resumed_at_step"] == "6"
+    assert [x.info.run_id for x in all_runs(store_uri)] == [first.run_id]  # no second run
+
+
+@pytest.fixture
+def killed_run(tmp_path, store_uri):
+    """A recorded run "killed" after step 3 of 6: KILLED, its step-3 checkpoint on disk."""
+    args = [*resumable(tmp_path / "ck", "trainer.max_steps=6", "trainer.checkpoint_every=3")]
+    args.append(f"tracking.uri={store_uri}")
+    first = job.run_job(config.load(args))
+    client = store.client_for(store_uri)
+    folder = Path(client.get_run(first.run_id).data.tags[store.CHECKPOINT_DIR])
+    (folder / "step-00000006-end.pt").unlink()
+    client.set_terminated(first.run_id, store.KILLED)
+    return args, first.run_id, folder
+
+
+def refused(args: list[str], capsys) -> str:
+    """Run a job that must be refused before it records anything; its one-line error."""
+    capsys.readouterr()  # the fixture's own output
+    before = {r.info.run_id: r.info.status for r in all_runs(_uri_of(args))}
+    outcome = job.run_job(config.load(args))
+    assert outcome.status == "FAILED" and outcome.exit_code == job.EXIT_CONFIG
+    after = {r.info.run_id: r.info.status for r in all_runs(_uri_of(args))}
+    assert after == before  # no new run, nothing changed, nothing left RUNNING
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    return outcome.error
+
+
+def _uri_of(args: list[str]) -> str:
+    return next(a.split("=", 1)[1] for a in args if a.startswith("tracking.uri="))
+
+
+def test_a_run_with_no_checkpoint_is_refused(killed_run, capsys):
+    args, run_id, folder = killed_run
+    for path in folder.glob("step-*.pt"):
+        path.unlink()
+    error = refused([*args, f"trainer.resume={run_id}"], capsys)
+    assert error.startswith(f"trainer.resume={run_id}: run {run_id} has no checkpoint")
+
+
+def test_a_finished_run_is_refused(killed_run, store_uri, capsys):
+    args, run_id, folder = killed_run
+    store.client_for(store_uri).set_terminated(run_id, store.FINISHED)
+    error = refused([*args, f"trainer.resume={folder / 'step-00000003.pt'}"], capsys)
+    assert f"run {run_id} of {folder / 'step-00000003.pt'} already FINISHED" in error
+
+
+def test_a_run_in_another_store_is_refused(killed_run, tmp_path, empty_store, capsys):
+    args, run_id, folder = killed_run
+    other = tmp_path / "other.db"
+    other.write_bytes(empty_store.read_bytes())
+    args = [a for a in args if not a.startswith("tracking.uri=")]
+    args.append(f"tracking.uri=sqlite:///{other}")
+    error = refused([*args, f"trainer.resume={folder / 'step-00000003.pt'}"], capsys)
+    assert f"belongs to run {run_id}, which is not in the configured store {other}" in error
+    error = refused([*args, f"trainer.resume={run_id}"], capsys)
+    assert f"no such checkpoint path and no run {run_id} in the configured store" in error
+
+
+def test_a_run_id_without_tracking_is_refused(killed_run, capsys):
+    args, run_id, _ = killed_run
+    args = [a for a in args if not a.startswith("tracking.uri=")]
+    outcome = job.run_job(config.load([*args, "tracking=none", f"trainer.resume={run_id}"]))
+    assert outcome.exit_code == job.EXIT_CONFIG
+    assert "resuming by run id needs tracking=mlflow" in outcome.error
+
+
+def test_a_checkpoint_of_another_config_is_refused(killed_run, capsys):
+    args, run_id, folder = killed_run
+    error = refused([*args, "optimizer.lr=0.5", f"trainer.resume={run_id}"], capsys)
+    assert "was written by a different config: optimizer.lr=0.001 in the checkpoint" in error
+
+
+def test_an_explicit_end_checkpoint_is_refused_by_the_job(tmp_path, store_uri, capsys):
+    args = [*resumable(tmp_path / "ck", "trainer.max_steps=3"), f"tracking.uri={store_uri}"]
+    first = job.run_job(config.load(args))
+    folder = Path(store.client_for(store_uri).get_run(first.run_id).data.tags["checkpoint_dir"])
+    (end,) = folder.glob("*-end.pt")
+    error = refused([*args, f"trainer.resume={end}"], capsys)
+    assert f"{end} is the end of run {first.run_id}" in error
+
+
+def test_a_checkpoint_holds_no_secret(tmp_path, store_uri, monkeypatch):
+    secret = "s3cr3t-value-in-ckpt"
+    monkeypatch.setenv("MY_API_TOKEN", secret)
+    args = [*resumable(tmp_path / "ck", "trainer.max_steps=3"), f"tracking.uri={store_uri}"]
+    job.run_job(config.load([*args, "tracking.run_name=run-${oc.env:MY_API_TOKEN}"]))
+    (end,) = (tmp_path / "ck").glob("*/*/step-*-end.pt")
+    assert secret.encode() not in end.read_bytes()
+    assert checkpoint.load(end)["config"]["tracking.run_name"] == "run-***"
+
+
+# ---------------------------------------------------------------- secrets and global state
+
+
+def test_secrets_from_the_environment_are_masked(store_uri, quick, monkeypatch, capsys):
+    secret = "s3cr3t-value-42"
+    monkeypatch.setenv("MY_API_TOKEN", secret)
+    monkeypatch.setenv("DB_PASSWORD", "hunter22")
+    cfg = config.load(
+        [*quick, f"tracking.uri={store_uri}", "tracking.run_name=run-${oc.env:MY_API_TOKEN}"]
+    )
+    assert secret in cfg.tracking.run_name  # the config itself holds the value
+    out = job.run_job(cfg)
+    r = store.client_for(store_uri).get_run(out.run_id)
+    everything = {**r.data.params, **r.data.tags}
+    assert not [k for k, v in everything.items() if secret in v]
+    assert r.data.params["tracking.run_name"] == "run-***"
+    assert r.info.run_name == "run-***"
+    shown = capsys.readouterr()
+    assert secret not in shown.out + shown.err and "run-***" in shown.out  # the console too
+
+
+def test_each_job_starts_from_clean_global_state(store_uri, quick):
+    """Basic launcher: jobs share a process. A job that leaks TF32, RNG state and an active
+    MLflow run must not change the next one."""
+    import mlflow
+    import torch
+
+    from ampsweep.precision import policy as precision
+
+    cfg = config.load(["precision=fp32", f"tracking.uri={store_uri}", *quick])
+    first = job.run_job(cfg)
+    precision.set_tf32(True)
+    torch.manual_seed(1234)
+    torch.rand(100)
+    mlflow.set_tracking_uri(store_uri)
+    try:
+        mlflow.start_run()  # a leaked fluent run
+        second = job.run_job(cfg)
+        assert mlflow.active_run() is None
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert first.status == second.status == "FINISHED"
+    assert precision.tf32_enabled() == (False, False)
+    assert second.summary["val/loss"] == first.summary["val/loss"]
+    assert second.summary["train/steps"] == first.summary["train/steps"]

@@ -1,0 +1,178 @@
+"""app/train.py: the train command in this process (``app.cli.main``): every bad input as one
+line and exit 2 with nothing recorded, a broken run ended rather than left RUNNING, the
+refusals of ``-m`` with ``trainer.nproc>1``, and a sweep with failing jobs."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from conftest import all_runs
+
+from ampsweep.app import train as train_cmd
+from ampsweep.tracking import store
+
+# (overrides, the key=value the one line must name); {tmp} is the test's temporary folder.
+BAD = [
+    (["precision=fp8x"], "precision=fp8x"),
+    (["trainer.epoch=3"], "trainer.epoch=3"),
+    (["trainer.epochs=ten"], "trainer.epochs=ten"),
+    (["trainer.batch_size=0"], "trainer.batch_size=0"),
+    (["precision.scaler.init_scale=-1"], "precision.scaler.init_scale=-1"),
+    (["precision.scaler.growth_factor=1.0"], "precision.scaler.growth_factor=1.0"),
+    (["precision.scaler.backoff_factor=1.5"], "precision.scaler.backoff_factor=1.5"),
+    (["trainer.grad_accum_steps=0"], "trainer.grad_accum_steps=0"),
+    (["optimizer.lr=-1"], "optimizer.lr=-1"),
+    (["precision=tf32"], "precision=tf32"),
+    (["trainer.device=cuda"], "trainer.device=cuda"),
+    (["precision=fp16_pure"], "precision=fp16_pure"),
+    (["dataset=mnist", "dataset.root={tmp}/data"], "dataset=mnist"),
+    (["dataset=imagefolder", "dataset.root={tmp}/images"], "dataset.root={tmp}/images"),
+]
+BAD_STORE = (["tracking.uri=sqlite:////no/such/folder/mlflow.db"], "tracking.uri=sqlite:////no")
+
+
+def check_one_line_error(code: int, out: str, err: str, names: str) -> None:
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and names in lines[0], lines[0]
+    assert "Traceback" not in out + err
+
+
+def fill(args: list[str], tmp) -> list[str]:
+    return [a.replace("{tmp}", str(tmp)) for a in args]
+
+
+@pytest.mark.parametrize("args,names", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_input_in_process(args, names, tmp_path, store_uri, quick, main):
+    names = names.replace("{tmp}", str(tmp_path))
+    result = main("train", *quick, f"tracking.uri={store_uri}", *fill(args, tmp_path))
+    check_one_line_error(result.code, result.out, result.err, names)
+    assert all_runs(store_uri) == []  # nothing recorded, so nothing left RUNNING
+    assert list((tmp_path / "outputs" / "runs").glob("*/*")) == []  # no empty Hydra run dir
+
+
+def test_unopenable_store_in_process(quick, main):
+    args, names = BAD_STORE
+    result = main("train", *quick, *args)
+    check_one_line_error(result.code, result.out, result.err, names)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_fails_fast_before_training(tmp_path, quick, main, monkeypatch):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for args, env, key in (
+        ([f"tracking.uri={url}"], {}, "tracking.uri"),
+        ([], {"MLFLOW_TRACKING_URI": url}, "MLFLOW_TRACKING_URI"),
+    ):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        result = main("train", *quick, "model=mlp", *args)
+        assert result.code == 2
+        err = result.err.strip()
+        assert f"{key}={url}" in err and "does not answer" in err and "mlflow server" in err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "steps" not in result.out  # no training started
+        assert not (tmp_path / "outputs").exists()
+
+
+def test_split_train_args():
+    overrides, flags, bare = train_cmd.split_train_args(
+        ["-m", "precision=fp32,fp16", "--config-name", "other", "-cp=/x", "model=mlp"]
+    )
+    assert overrides == ["precision=fp32,fp16", "model=mlp"]
+    assert flags == {"--config-name": "other", "-cp": "/x"}
+    assert bare == {"-m"}
+
+
+@pytest.mark.parametrize(
+    "raised,code,status,line",
+    [
+        (RuntimeError("disk full"), 1, "FAILED", "error: RuntimeError: disk full"),
+        (KeyboardInterrupt(), 130, "KILLED", "error: interrupted"),
+    ],
+    ids=["failure", "ctrl-c"],
+)
+def test_a_run_that_breaks_is_ended_not_left_running(
+    raised, code, status, line, store_uri, quick, main, monkeypatch
+):
+    from ampsweep.engine import loop
+
+    def broken(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(loop, "fit", broken)
+    result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
+    assert result.code == code
+    assert result.err.strip().splitlines() == [line]
+    assert "Traceback" not in result.out + result.err
+    (run,) = all_runs(store_uri)
+    assert run.info.status == status
+
+
+def test_printing_the_config_of_a_sweep_is_refused_in_one_line(main):
+    result = main("train", "-m", "precision=fp32,bf16", "--cfg", "hydra")
+    assert result.code == 2
+    assert result.err.count("\n") == 1 and "--cfg cannot be combined with -m" in result.err
+
+
+# ---------------------------------------------------------------- -m with trainer.nproc > 1
+
+
+def test_a_sweep_of_ddp_jobs_needs_a_launcher_that_starts_processes(store_uri, main):
+    result = main(
+        "train", "-m", "precision=fp32,bf16", "trainer.nproc=2", f"tracking.uri={store_uri}"
+    )
+    check_one_line_error(result.code, result.out, result.err, "trainer.nproc=2 in a sweep")
+    assert "hydra/launcher=ampsweep_slurm" in result.err
+    assert all_runs(store_uri) == []  # refused before the sweep's parent run
+
+
+def test_the_largest_nproc_of_a_sweep_is_the_one_refused(store_uri, main):
+    result = main("train", "-m", "trainer.nproc=1,3", f"tracking.uri={store_uri}")
+    check_one_line_error(result.code, result.out, result.err, "trainer.nproc=3 in a sweep")
+
+
+def test_a_sweep_under_torchrun_is_refused(store_uri, main, monkeypatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    result = main("train", "-m", "precision=fp32,bf16", f"tracking.uri={store_uri}")
+    check_one_line_error(result.code, result.out, result.err, "-m under torchrun")
+    assert all_runs(store_uri) == []
+
+
+# ---------------------------------------------------------------- a sweep with failing jobs
+
+
+@pytest.mark.slow
+def test_a_failing_job_fails_its_child_and_the_parent_not_the_sweep(store_uri, quick, main):
+    # tf32 cannot run on a CPU; the fp32 jobs share a name, so they get their job numbers.
+    args = ["train", "-m", "precision=fp32,tf32", "optimizer.lr=0.001,0.002"]
+    result = main(*args, f"tracking.uri={store_uri}", "trainer.device=cpu", *quick, "model=mlp")
+    assert result.code == 1
+    assert "2 of 4 jobs failed" in result.err
+    # Hydra's basic sweeper runs the product in override order: fp32 jobs 0-1, tf32 jobs 2-3.
+    assert "#2 tf32-mlp-digits-2 (precision=tf32 needs a CUDA GPU" in result.err
+    assert "Traceback" not in result.err
+    runs = all_runs(store_uri)
+    parents = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
+    kids = [r for r in runs if store.PARENT in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FAILED"
+    tags = parents[0].data.tags
+    assert (tags["jobs_total"], tags["jobs_finished"], tags["jobs_failed"]) == ("4", "2", "2")
+    status = {k.info.run_name: k.info.status for k in kids}
+    assert status == {
+        "fp32-mlp-digits-0": "FINISHED",
+        "fp32-mlp-digits-1": "FINISHED",
+        "tf32-mlp-digits-2": "FAILED",
+        "tf32-mlp-digits-3": "FAILED",
+    }
+    failed = next(k for k in kids if k.info.run_name == "tf32-mlp-digits-2")
+    assert "needs a CUDA GPU" in failed.data.tags["error"]
+    assert all(k.info.status != "RUNNING" for k in kids)

@@ -1,0 +1,84 @@
+"""Jobs in other processes: a sweep through Hydra's submitit launcher joins its parent run, and
+four ``ampsweep train`` processes started together on a store that does not exist yet create
+it once (under a lock) and lose nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from conftest import all_runs, require_tool, run_cli, start_cli
+
+from ampsweep.tracking import store
+
+TINY = [
+    "model=mlp",
+    "model.width=8",
+    "trainer.epochs=1",
+    "trainer.progress=false",
+    "trainer.timing_warmup_steps=1",
+]
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep_is_one_parent_with_two_finished_children(tmp_path, store_uri):
+    found = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher")
+    require_tool("submitit", None if found else "hydra-submitit-launcher is not installed")
+    args = ["train", "-m", "hydra/launcher=submitit_local", *TINY, "trainer.max_steps=4"]
+    proc = run_cli([*args, "precision=fp32,bf16", f"tracking.uri={store_uri}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = all_runs(store_uri)
+    parents = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
+    assert len(parents) == 1
+    parent = parents[0]
+    kids = [r for r in runs if r.data.tags.get(store.PARENT) == parent.info.run_id]
+    assert len(runs) == 3 and len(kids) == 2
+    assert {k.info.run_name: k.info.status for k in kids} == {
+        "fp32-mlp-digits": "FINISHED",
+        "bf16-mlp-digits": "FINISHED",
+    }
+    assert parent.info.status == "FINISHED"
+    assert {k.data.tags["precision"] for k in kids} == {"fp32", "bf16"}
+    assert parent.data.tags["jobs_finished"] == "2"
+    # each job ran in a process of its own: submitit kept one log folder per job
+    logs = list(tmp_path.glob("outputs/multirun/*/*/.submitit/*/*_0_log.out"))
+    assert len(logs) == 2
+
+
+@pytest.mark.slow
+def test_four_processes_writing_one_new_sqlite_store_lose_nothing(tmp_path):
+    # Started together on a store that does not exist yet: creating it (MLflow's migrations)
+    # is serialised by a lock; then four writers log a metric batch every step.
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    (tmp_path / "new").mkdir()
+    procs = [
+        start_cli(
+            [
+                "train",
+                *TINY,
+                "trainer.max_steps=20",
+                "trainer.log_every=1",
+                "tracking.metrics_flush_every=1",  # a write per step: as much contention as we can
+                f"trainer.seed={i}",
+                f"tracking.run_name=writer-{i}",
+                f"tracking.uri={uri}",
+            ],
+            tmp_path,
+            env={"OMP_NUM_THREADS": "1"},
+        )
+        for i in range(4)
+    ]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    for code, err in results:
+        assert code == 0, err[-3000:]
+    client = store.client_for(uri)
+    runs = all_runs(uri)
+    assert sorted(r.info.run_name for r in runs) == [f"writer-{i}" for i in range(4)]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        history = client.get_metric_history(run.info.run_id, "train/loss")
+        assert sorted(m.step for m in history) == list(range(1, 21))
+        assert {"val/acc", "perf/samples_per_s", "mem/peak_rss_mib"} <= set(run.data.metrics)
+        assert len(run.data.params) > 20
+        names = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"config.yaml", "summary.json", ".hydra"} <= names

@@ -1,0 +1,95 @@
+"""No secret reaches the store: the real CLI, a single run and a sweep, with a secret in the
+environment and typed into an override, then every run name, param, tag, metric name and
+artifact file in the store is searched for it, and so are the store's own files and the
+checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from ampsweep.tracking import store
+
+SECRET = "s3cr3t-e2e-7b1f0c"
+TINY = ["model=mlp", "model.width=8", "trainer.epochs=1", "trainer.max_steps=4"]
+TINY += ["trainer.log_every=2", "trainer.progress=false", "trainer.timing_warmup_steps=1"]
+
+
+def artifact_files(client, run_id: str, folder: str | None = None):
+    """(path, bytes) of every artifact file of a run, at any depth."""
+    for item in client.list_artifacts(run_id, folder):
+        if item.is_dir:
+            yield from artifact_files(client, run_id, item.path)
+        else:
+            local = client.download_artifacts(run_id, item.path)
+            yield item.path, Path(local).read_bytes()
+
+
+def leaks(uri: str) -> tuple[list[str], int, int]:
+    """Where the store holds the secret; how many runs and artifact files were searched."""
+    client = store.client_for(uri)
+    found, n_runs, n_files = [], 0, 0
+    for exp in client.search_experiments():
+        for run in client.search_runs([exp.experiment_id], max_results=1000):
+            n_runs += 1
+            where = f"run {run.info.run_name} ({run.info.run_id})"
+            texts = {"run name": run.info.run_name}
+            texts |= {f"param {k}": f"{k}={v}" for k, v in run.data.params.items()}
+            texts |= {f"tag {k}": f"{k}={v}" for k, v in run.data.tags.items()}
+            texts |= {f"metric {k}": k for k in run.data.metrics}
+            found += [f"{where}: {what}" for what, text in texts.items() if SECRET in text]
+            for path, data in artifact_files(client, run.info.run_id):
+                n_files += 1
+                if SECRET.encode() in data or SECRET in path:
+                    found.append(f"{where}: artifact {path}")
+    return found, n_runs, n_files
+
+
+def files_holding_the_secret(*roots: Path) -> list[str]:
+    """The files under ``roots`` (files or folders) whose name or bytes hold the secret."""
+    files = [p for root in roots for p in ([root] if root.is_file() else root.rglob("*"))]
+    return [
+        str(p)
+        for p in files
+        if p.is_file() and (SECRET.encode() in p.read_bytes() or SECRET in p.name)
+    ]
+
+
+@pytest.mark.slow
+def test_no_secret_reaches_the_store_from_a_run_or_a_sweep(tmp_path, store_uri):
+    env = {"MY_API_TOKEN": SECRET}
+    single = run_cli(
+        ["train", *TINY, f"tracking.run_name=run-{SECRET}", f"tracking.uri={store_uri}",
+         "trainer.checkpoint_every=2"],
+        tmp_path,
+        env=env,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+    sweep = run_cli(
+        ["train", "-m", "precision=fp32,bf16", *TINY, f"tracking.uri={store_uri}",
+         "tracking.run_name=job-${oc.env:MY_API_TOKEN}"],
+        tmp_path,
+        env=env,
+    )  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert "Findings" in sweep.stdout  # the report was made (and logged to the parent)
+
+    found, n_runs, n_files = leaks(store_uri)
+    assert found == []
+    assert n_runs == 4  # the run, the sweep's parent and its two children were all searched
+    assert n_files >= 15  # .hydra/*, config.yaml, summary.json of 3 runs, the report, charts
+    # Nowhere in the store's files either (names of experiments, deleted rows, every table),
+    # nor in the artifacts on disk or the checkpoints.
+    outputs = tmp_path / "outputs"
+    assert (outputs / "mlartifacts").is_dir() and (outputs / "checkpoints").is_dir()
+    assert files_holding_the_secret(store.sqlite_path(store_uri)) == []
+    assert files_holding_the_secret(outputs / "mlartifacts", outputs / "checkpoints") == []
+    # ... and the console did not show it.
+    for proc in (single, sweep):
+        assert SECRET not in proc.stdout + proc.stderr
+    # The typed override did reach the run (masked), so the search above had something to find.
+    client = store.client_for(store_uri)
+    names = {r.info.run_name for r in client.search_runs(["1"], max_results=100)}
+    assert {"run-***", "job-***"} <= names

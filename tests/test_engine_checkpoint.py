@@ -1,0 +1,240 @@
+"""engine/checkpoint.py: what a checkpoint holds, atomic files, the config check, finding a
+checkpoint to resume, and a resumed run continuing exactly where the uninterrupted one went."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import resumable
+
+from ampsweep.config import compose as config
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine import build as train
+from ampsweep.engine import checkpoint, loop
+
+FP16_GROWING = [  # a scale that grows every 2 clean steps, so it has changed by any stop
+    "precision=fp16",
+    "precision.scaler.init_scale=4.0",
+    "precision.scaler.growth_interval=2",
+]
+COSINE = ["precision=fp32", "optimizer.schedule=cosine", "optimizer.warmup_steps=5"]
+# Not preloaded: batches come from a DataLoader with worker processes, resumed mid-epoch.
+LOADER = ["precision=bf16", "dataset.preload=false", "trainer.num_workers=2"]
+
+
+def small(tmp_path: Path, *extra: str) -> list[str]:
+    return [*resumable(tmp_path / "ck", *extra), "tracking=none"]
+
+
+class StopAt(loop.NoStop):
+    """A stop request (SIGTERM) arriving during optimizer step ``n``."""
+
+    def __init__(self, n: int):
+        self.n, self.requested = n, False
+
+    def after_step(self, step: int) -> None:
+        self.requested = step >= self.n
+
+
+def train_logged(cfg, state=None, stop=None, run_id="r"):
+    setup = train.build(cfg)
+    logged: list[tuple[int, dict]] = []
+    ckpts = checkpoint.Checkpointer(checkpoint.folder_for(cfg, run_id), cfg, run_id)
+    if state is not None:
+        state = checkpoint.restore(setup, checkpoint.load(state))
+    summary = loop.fit(
+        setup,
+        lambda m, s: logged.append((s, m)),
+        state=state,
+        checkpoints=ckpts,
+        stop=stop or loop.NoStop(),
+    )
+    return summary, logged, ckpts, setup
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [FP16_GROWING, ["precision=bf16", "trainer.grad_accum_steps=2"], COSINE, LOADER],
+    ids=["fp16", "bf16-accum", "cosine-warmup", "dataloader-workers"],
+)
+def test_resume_continues_exactly(tmp_path, mode):
+    cfg = config.load(small(tmp_path, "trainer.max_steps=16", "trainer.checkpoint_every=4", *mode))
+    whole, whole_log, _, setup = train_logged(cfg, run_id="whole")
+    with pytest.raises(loop.Interrupted, match="stopped at step 7"):
+        train_logged(cfg, stop=StopAt(7), run_id="cut")  # step 7: mid log window
+    saved = checkpoint.checkpoints_in(checkpoint.folder_for(cfg, "cut"))
+    assert [p.name for p in saved] == ["step-00000004.pt", "step-00000007.pt"]  # keep=2
+    cut = checkpoint.load(saved[-1])
+    rest, rest_log, ckpts, resumed = train_logged(cfg, state=saved[-1], run_id="cut")
+    for key in ("val/loss", "val/acc", "amp/skipped_steps", "train/steps", "mem/activation_mib"):
+        assert rest[key] == whole[key], key
+    assert resumed.scaler.get_scale() == setup.scaler.get_scale()
+    assert rest.get("amp/loss_scale") == whole.get("amp/loss_scale")
+    # The resumed segment logs exactly the steps after 7, with the same values (train/lr:
+    # the schedule continued from the checkpoint's step, not from its start).
+    assert rest_log == [(s, m) for s, m in whole_log if s > 7]
+    assert ckpts.last.name == "step-00000016-end.pt"
+    for a, b in zip(resumed.model.parameters(), setup.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    if mode is FP16_GROWING:  # the scale had grown before the interruption
+        assert cut["scaler"]["scale"] > 4.0 and cut["state"]["loss_terms"] == 1
+    if mode is LOADER:
+        assert not setup.train_batches.preload and setup.train_batches.num_workers == 2
+    if mode is COSINE:  # warm-up, then decay: a schedule restarted at step 0 would show
+        lrs = [m["train/lr"] for _, m in whole_log if "train/lr" in m]
+        assert lrs[0] < lrs[1] and lrs[-1] < max(lrs)
+        assert cut["schedule"]["last_epoch"] == 7
+
+
+def test_checkpoint_is_data_and_restores_every_rng(tmp_path):
+    cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
+    setup = train.build(cfg)
+    ckpts = checkpoint.Checkpointer(tmp_path / "f", cfg, "abc")
+    random.random(), np.random.rand(), torch.rand(1)
+    path = ckpts.save(setup, loop.TrainState(step=3, epoch=0, batch=3, loss_sum=1.5))
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.random(), np.random.rand(), torch.rand(1)  # move every generator on
+    ckpt = torch.load(path, weights_only=True)  # plain data: no pickled code
+    assert ckpt["run_id"] == "abc" and ckpt["config_hash"] == checkpoint.config_hash(cfg)
+    assert ckpt["state"]["loss_sum"] == 1.5
+    state = checkpoint.restore(train.build(cfg), ckpt)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+    assert state == loop.TrainState(step=3, epoch=0, batch=3, loss_sum=1.5)
+    assert not list(path.parent.glob("*.tmp"))  # written under a temporary name, then renamed
+
+
+def test_a_secret_in_the_config_is_masked_in_the_checkpoint(tmp_path):
+    secret = "s3cr3t-in-a-checkpoint"
+    cfg = config.load(small(tmp_path, "trainer.max_steps=2", f"tracking.run_name=run-{secret}"))
+    ckpts = checkpoint.Checkpointer(
+        tmp_path / "f", cfg, "abc", mask=lambda text: text.replace(secret, "***")
+    )
+    path = ckpts.save(train.build(cfg), loop.TrainState(step=1))
+    assert secret.encode() not in path.read_bytes()
+    ckpt = checkpoint.load(path)
+    assert ckpt["config"]["tracking.run_name"] == "run-***"
+    # The hash is of the real config, so the same config still resumes from it ...
+    checkpoint.check(ckpt, cfg, path, str(path), mask=ckpts.mask)
+    # ... and a refusal names the real difference, not the masked value.
+    other = config.load(
+        small(tmp_path, "trainer.max_steps=2", f"tracking.run_name=run-{secret}", "trainer.seed=1")
+    )
+    with pytest.raises(ConfigError) as err:
+        checkpoint.check(ckpt, other, path, str(path), mask=ckpts.mask)
+    assert "trainer.seed=0 in the checkpoint, 1 now" in str(err.value)
+    assert "(and" not in str(err.value) and secret not in str(err.value)
+
+
+def test_resume_refuses_other_config_with_one_line(tmp_path):
+    cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
+    path = checkpoint.Checkpointer(tmp_path / "f", cfg, None).save(
+        train.build(cfg), loop.TrainState(step=1)
+    )
+    other = config.load(small(tmp_path, "trainer.max_steps=2", "optimizer.lr=0.01"))
+    with pytest.raises(ConfigError) as err:
+        checkpoint.check(checkpoint.load(path), other, path, str(path))
+    msg = str(err.value)
+    assert "optimizer.lr=0.001 in the checkpoint, 0.01 now" in msg and "\n" not in msg
+    # Output locations may differ: the same config under another checkpoint_dir is accepted.
+    moved = config.load(small(tmp_path / "x", "trainer.max_steps=2", "trainer.checkpoint_every=5"))
+    checkpoint.check(checkpoint.load(path), moved, path, str(path))
+
+
+def test_resume_choices(tmp_path):
+    cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
+    assert checkpoint.locate(cfg, "auto")[0] is None  # nothing yet: start afresh
+    assert not checkpoint.is_path("0123abcd")  # a run id: the job looks it up in the store
+    with pytest.raises(ConfigError, match="run 0123abcd has no checkpoint"):
+        checkpoint.newest_of_run("0123abcd", None)
+    with pytest.raises(ConfigError, match="no such file"):
+        checkpoint.locate(cfg, str(tmp_path / "nope.pt"))
+    folder = checkpoint.folder_for(cfg, "run1")
+    ckpts = checkpoint.Checkpointer(folder, cfg, "run1")
+    first = ckpts.save(train.build(cfg), loop.TrainState(step=1))
+    assert checkpoint.locate(cfg, "auto")[0] == first
+    assert checkpoint.locate(cfg, str(folder))[0] == first  # a folder: its newest
+    assert checkpoint.newest_of_run("run1", folder)[0] == first
+    time.sleep(0.01)
+    ckpts.save(train.build(cfg), loop.TrainState(step=2), complete=True)
+    assert checkpoint.locate(cfg, "auto")[0] is None  # newest ended its run
+
+
+# ---------------------------------------------------------------- every refusal, one line
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A config and the two checkpoints of its run "run1": step 1, and the end (step 2)."""
+    cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
+    ckpts = checkpoint.Checkpointer(checkpoint.folder_for(cfg, "run1"), cfg, "run1")
+    setup = train.build(cfg)
+    mid = ckpts.save(setup, loop.TrainState(step=1))
+    end = ckpts.save(setup, loop.TrainState(step=2), complete=True)
+    return cfg, mid, end
+
+
+def refusal(call) -> str:
+    with pytest.raises(ConfigError) as err:
+        call()
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_an_explicit_end_checkpoint_is_refused(saved):
+    cfg, _, end = saved
+    message = refusal(lambda: checkpoint.check(checkpoint.load(end), cfg, end, str(end)))
+    assert f"trainer.resume={end}" in message and "is the end of run run1" in message
+    assert "nothing to resume" in message
+
+
+def test_a_checkpoint_of_another_run_is_refused(saved):
+    cfg, mid, _ = saved
+    ckpt = checkpoint.load(mid)
+    message = refusal(lambda: checkpoint.check(ckpt, cfg, mid, "run2", run_id="run2"))
+    assert message == f"trainer.resume=run2: {mid} belongs to run run1, not run2"
+
+
+@pytest.mark.parametrize("content", [b"not a zip file at all", b""], ids=["garbage", "empty"])
+def test_a_corrupt_file_is_refused(tmp_path, content):
+    bad = tmp_path / "step-00000003.pt"
+    bad.write_bytes(content)
+    message = refusal(lambda: checkpoint.load(bad))
+    assert f"{bad} is not a readable ampsweep checkpoint" in message
+    assert "point trainer.resume at a step-N.pt file" in message
+
+
+@pytest.mark.parametrize(
+    "payload", [{"weights": torch.zeros(2)}, [1, 2], {"format": 99}], ids=["dict", "list", "newer"]
+)
+def test_a_foreign_file_is_refused(tmp_path, payload):
+    foreign = tmp_path / "model.pt"
+    torch.save(payload, foreign)
+    message = refusal(lambda: checkpoint.load(foreign))
+    assert f"{foreign} is not an ampsweep checkpoint of format {checkpoint.FORMAT}" in message
+
+
+def test_a_checkpoint_holding_code_is_refused(tmp_path):
+    # weights_only=True: loading never runs pickled code; such a file is refused, not run.
+    pickled = tmp_path / "evil.pt"
+    torch.save({"format": checkpoint.FORMAT, "hook": Path("x")}, pickled)
+    assert "not a readable ampsweep checkpoint" in refusal(lambda: checkpoint.load(pickled))
+
+
+def test_an_empty_folder_is_refused(tmp_path, saved):
+    cfg, _, _ = saved
+    (tmp_path / "empty").mkdir()
+    message = refusal(lambda: checkpoint.locate(cfg, str(tmp_path / "empty")))
+    assert f"trainer.resume={tmp_path / 'empty'}: no step-*.pt checkpoint in" in message
+
+
+def test_a_run_whose_folder_holds_no_checkpoint_is_refused(tmp_path):
+    (tmp_path / "run-folder").mkdir()
+    message = refusal(lambda: checkpoint.newest_of_run("abc123", tmp_path / "run-folder"))
+    assert message.startswith("trainer.resume=abc123: run abc123 has no checkpoint")
+    assert str(tmp_path / "run-folder") in message
