@@ -1,11 +1,34 @@
 #!/usr/bin/env bash
 # Set up .venv with the dev extras if needed, then lint, check the import layers and run the
-# whole test suite (slow end-to-end tests included; CUDA tests skip themselves without a GPU).
-# Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" -x
+# whole test suite (slow end-to-end tests included; CUDA tests skip themselves without a GPU)
+# in two worker processes. Extra arguments go to pytest, e.g.
+#   scripts/test.sh -m "not slow" -x        scripts/test.sh -n 0 tests/test_engine_loop.py
+# It fails when pytest collects no test at all (exit 5), and when a test wrote into the
+# checkout (every test runs in a temporary folder of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_venv.sh dev,cluster
-.venv/bin/ruff check src tests scripts
-.venv/bin/ruff format --check src tests scripts
+paths=(src tests scripts)
+[ -d examples ] && paths+=(examples)
+.venv/bin/ruff check "${paths[@]}"
+.venv/bin/ruff format --check "${paths[@]}"
 .venv/bin/lint-imports  # the package's layers and no import cycles (pyproject.toml)
-exec .venv/bin/python -m pytest "$@"
+
+stamp="$(mktemp)"
+trap 'rm -f "$stamp"' EXIT
+# Two workers: the end-to-end tests spend much of their time starting processes and waiting
+# for them, which a second worker overlaps (the "loadgroup" keeps tests that share a session
+# fixture, such as the three-mode sweep, on one worker).
+status=0
+.venv/bin/python -m pytest -n 2 --dist loadgroup "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "test.sh: error: pytest collected no tests (exit 5): check the arguments" >&2
+fi
+written="$(find . \( -path ./.venv -o -path ./.git -o -name __pycache__ -o -name .pytest_cache \
+    -o -name .ruff_cache -o -name '*.egg-info' \) -prune -o -type f -newer "$stamp" -print)"
+if [ -n "$written" ]; then
+    echo "test.sh: error: files were written into the checkout while the tests ran:" >&2
+    echo "$written" | head -n 20 >&2
+    [ "$status" -ne 0 ] || status=1
+fi
+exit "$status"

@@ -28,13 +28,15 @@ REPO = Path(__file__).resolve().parents[1]
 FOREIGN_ENV = ("MLFLOW_TRACKING_URI", "AMPSWEEP_TEST_SIGNAL_AT_STEP", "WORLD_SIZE", "RANK")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+        # One SLURM cluster per test process: with parallel workers, keep its tests on one.
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm_cluster"))
 
 
 # ---------------------------------------------------------------- isolation of every test
