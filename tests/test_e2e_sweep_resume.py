@@ -1,5 +1,6 @@
-"""A sweep stopped by SIGTERM in its second job and launched again: nothing finished is
-redone, the interrupted job continues its own run, and skip_finished=false reruns a config."""
+"""A sweep stopped by SIGTERM in its second job (a real process) and launched again: nothing
+finished is redone, the interrupted job continues its own run, and skip_finished=false reruns a
+config."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ampsweep.tracking import store
 
 
 @pytest.mark.slow
-def test_relaunched_sweep_skips_finished_and_resumes_interrupted(tmp_path, store_uri):
+def test_relaunched_sweep_skips_finished_and_resumes_interrupted(tmp_path, store_uri, main):
     args = [
         "-m",
         "precision=fp32,bf16",
@@ -30,9 +31,9 @@ def test_relaunched_sweep_skips_finished_and_resumes_interrupted(tmp_path, store
     killed_id = children[1].info.run_id
     assert "stopped at step 6" in children[1].data.tags[store.ERROR]
 
-    again = run_cli(["train", *args], tmp_path)
-    assert again.returncode == 0, again.stderr
-    out = again.stdout.replace("\n", "")
+    again = main("train", *args)  # the relaunch, in this process
+    assert again.code == 0, again.err
+    out = again.out.replace("\n", "")
     assert out.count("skipped, the identical config FINISHED") == 1
     runs = client.search_runs(["1"])
     jobs = [r for r in runs if not r.data.tags.get(store.SWEEP)]
@@ -51,9 +52,9 @@ def test_relaunched_sweep_skips_finished_and_resumes_interrupted(tmp_path, store
     assert resumed.data.tags[store.PARENT] == parent.info.run_id
 
     # tracking.skip_finished=false reruns a finished config.
-    forced = run_cli(["train", *args[:1], "precision=fp32", "optimizer.lr=0.001", *args[3:],
-                      "tracking.skip_finished=false"], tmp_path)  # fmt: skip
-    assert forced.returncode == 0, forced.stderr
-    assert "skipped, the identical" not in forced.stdout
+    forced = main("train", *args[:1], "precision=fp32", "optimizer.lr=0.001", *args[3:],
+                  "tracking.skip_finished=false")  # fmt: skip
+    assert forced.code == 0, forced.err
+    assert "skipped, the identical" not in forced.out
     hashes = [r.data.tags.get(store.CONFIG_HASH) for r in client.search_runs(["1"])]
     assert hashes.count(client.get_run(children[0].info.run_id).data.tags[store.CONFIG_HASH]) == 2

@@ -143,9 +143,19 @@ def test_a_few_steps_lower_the_loss_on_cuda(quick, mode):
         "optimizer.lr=1e-2",
     )  # fmt: skip
     before, _ = loop.evaluate(s.model, s.val_batches, s.policy)
-    summary, _ = fit(s)
+    summary, logged = fit(s)
     assert summary["val/loss"] < before - 0.2
+    assert summary["train/steps"] == 20 and summary["amp/skipped_steps"] == 0
     assert summary["mem/peak_allocated_mib"] > 0
+    assert summary["mem/peak_reserved_mib"] >= summary["mem/peak_allocated_mib"]
+    # What the mode does to the run: parameter dtype, the scaler, TF32.
+    params = {"fp16_pure": torch.float16, "bf16_pure": torch.bfloat16}.get(mode, torch.float32)
+    assert {p.dtype for p in s.model.parameters()} == {params}
+    assert ("amp/loss_scale" in summary) == (mode == "fp16")
+    assert all(p.device.type == "cuda" for p in s.model.parameters())
+    from ampsweep.precision.policy import tf32_enabled
+
+    assert tf32_enabled() == ((mode == "tf32"),) * 2
 
 
 @pytest.mark.parametrize("mode", ["fp16_static", "fp16"])
