@@ -96,10 +96,19 @@ def test_two_ranks_equal_each_other_and_one_process_with_the_global_batch(tmp_pa
 
 
 @pytest.mark.slow
-def test_nproc_2_is_one_mlflow_run(tmp_path, store_uri):
-    args = ["train", *EXACT[:-1], "trainer.batch_size=16", "trainer.nproc=2"]
-    proc = run_cli([*args, f"tracking.uri={store_uri}"], tmp_path, env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_a_ddp_run_is_one_mlflow_run_and_resumes_to_the_same_weights(tmp_path, store_uri):
+    """trainer.nproc=2 is one MLflow run (rank 0 records, rank 1 is quiet). Rank 0 writes the
+    checkpoints (the plain module's weights), every rank restores the same one, and the resumed
+    run ends where the uninterrupted one did."""
+    base = ["train", *EXACT[:-1], "trainer.batch_size=16", "trainer.nproc=2"]
+    base += ["trainer.checkpoint_every=4", "trainer.keep_checkpoints=10"]
+    env = {"OMP_NUM_THREADS": "1"}
+    full = run_cli(
+        [*base, f"trainer.checkpoint_dir={tmp_path / 'a'}", f"tracking.uri={store_uri}"],
+        tmp_path,
+        env=env,
+    )
+    assert full.returncode == 0, full.stderr[-3000:]
     runs = all_runs(store_uri)
     assert len(runs) == 1
     run = runs[0]
@@ -109,28 +118,24 @@ def test_nproc_2_is_one_mlflow_run(tmp_path, store_uri):
     assert {"val/acc", "perf/samples_per_s", "mem/peak_rss_mib"} <= set(run.data.metrics)
     # only rank 0 wrote Hydra's output folder
     assert len(list((tmp_path / "outputs" / "runs").glob("*/*"))) == 1
-    assert proc.stdout.count("finished") == 1  # rank 1 is quiet
+    assert full.stdout.count("finished") == 1  # rank 1 is quiet
 
-
-@pytest.mark.slow
-def test_a_ddp_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
-    """trainer.nproc=2: rank 0 writes the checkpoints (the plain module's weights), every rank
-    restores the same one, and the resumed run ends where the uninterrupted one did."""
-    base = ["train", *EXACT, "trainer.batch_size=16", "trainer.nproc=2"]
-    base += ["trainer.checkpoint_every=4", "trainer.keep_checkpoints=10"]
-    env = {"OMP_NUM_THREADS": "1"}
-    full = run_cli([*base, f"trainer.checkpoint_dir={tmp_path / 'a'}"], tmp_path, env=env)
-    assert full.returncode == 0, full.stderr[-3000:]
     saved = sorted((tmp_path / "a").glob("*/*/step-*.pt"))
     assert [p.name for p in saved] == [
         "step-00000004.pt", "step-00000008.pt", "step-00000012-end.pt"
     ]  # fmt: skip
+    # As if the run had been killed after step 4: resume it from that checkpoint.
+    store.client_for(store_uri).set_terminated(run.info.run_id, store.KILLED)
     resumed = run_cli(
-        [*base, f"trainer.checkpoint_dir={tmp_path / 'b'}", f"trainer.resume={saved[0]}"],
+        [*base, f"trainer.checkpoint_dir={tmp_path / 'b'}", f"tracking.uri={store_uri}",
+         f"trainer.resume={saved[0]}"],
         tmp_path,
         env=env,
-    )
+    )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (again,) = all_runs(store_uri)  # the same run, continued by both ranks
+    assert again.info.run_id == run.info.run_id and again.info.status == store.FINISHED
+    assert again.data.tags["resumed_at_step"] == "4"
     assert f"resuming from {saved[0]}" in resumed.stdout.replace("\n", "")
     (end,) = (tmp_path / "b").glob("*/*/step-*-end.pt")
     a = torch.load(saved[-1], weights_only=True)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import all_runs, run_cli
+from conftest import all_runs
 
 from ampsweep.tracking import store
 
@@ -57,10 +57,10 @@ def test_the_report_logged_to_the_parent_matches_the_children(three_mode_sweep):
     assert parent.data.metrics["acc_delta/bf16"] == pytest.approx(bf16["val/acc"] - fp32["val/acc"])
 
 
-def test_ampsweep_report_reads_the_sweep_back(three_mode_sweep, tmp_path):
-    res = run_cli(["report", "--format", "json", "--tracking-uri", three_mode_sweep.uri], tmp_path)
-    assert res.returncode == 0, res.stderr
-    rep = json.loads(res.stdout)
+def test_ampsweep_report_reads_the_sweep_back(three_mode_sweep, main):
+    res = main("report", "--format", "json", "--tracking-uri", three_mode_sweep.uri)
+    assert res.code == 0, res.err
+    rep = json.loads(res.out)
     (parent,), kids = parents_and_children(three_mode_sweep.uri)
     by_name = {k.info.run_name: k for k in kids}
     assert rep["sweep"]["run_id"] == parent.info.run_id
