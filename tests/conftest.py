@@ -23,6 +23,13 @@ from slurm_fixture import tool_required
 
 REPO = Path(__file__).resolve().parents[1]
 
+# One thread per process (unless OMP_NUM_THREADS says otherwise), here and in every process a
+# test starts: the suite runs in parallel workers whose tests start more processes, and with
+# more threads than cores OpenMP's spinning threads fight over them (an fp16 step on CPU then
+# takes tens of times longer). The tiny models of the tests do not need more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Variables a developer's shell may hold that would send a test's runs somewhere else, or make
 # a job signal itself (the test hook of app.job).
 FOREIGN_ENV = ("MLFLOW_TRACKING_URI", "AMPSWEEP_TEST_SIGNAL_AT_STEP", "WORLD_SIZE", "RANK")
