@@ -128,6 +128,8 @@ def _leaf_paths(node, prefix=""):
             yield from _leaf_paths(value, f"{prefix}{f.name}.")
         elif f.name == "args":  # a component's own settings sit beside its shared keys
             yield from (f"{prefix}{k}" for k in value)
+        elif f.name in ("target", "partial"):  # _target_/_partial_: shown only when set
+            yield from ([f"{prefix}_{f.name}_"] if value else [])
         else:
             yield f"{prefix}{f.name}"
 

@@ -84,10 +84,21 @@ def print_summary(title: str, summary: dict, where: str | None) -> None:
     table = Table(title=title, show_header=False, title_justify="left", box=None)
     table.add_column(style="bold")
     table.add_column()
-    rows = [
-        ("validation accuracy", _fmt(summary.get("val/acc"))),
+    rows = []
+    if "val/acc" in summary:
+        rows.append(("validation accuracy", _fmt(summary["val/acc"])))
+    if "val/perplexity" in summary:  # a language model: beside the floor of the same text
+        rows.append(("validation perplexity", _fmt(summary["val/perplexity"], ".3f")))
+        if "data/unigram_perplexity" in summary:
+            rows.append(("unigram baseline", _fmt(summary["data/unigram_perplexity"], ".3f")))
+    rows += [
         ("validation loss", _fmt(summary.get("val/loss"))),
         ("samples/s", _fmt(summary.get("perf/samples_per_s"), ".1f")),
+        *(
+            [("tokens/s", _fmt(summary["perf/tokens_per_s"], ",.0f"))]
+            if "perf/tokens_per_s" in summary
+            else []
+        ),
         ("step time (median)", _fmt(summary.get("perf/step_time_ms"), ".2f") + " ms"),
         ("activation memory", _fmt(summary.get("mem/activation_mib"), ".2f") + " MiB"),
         ("peak RSS", _fmt(summary.get("mem/peak_rss_mib"), ".0f") + " MiB"),

@@ -288,7 +288,7 @@ class Job:
 
         cfg, recorder = setup.cfg, self.recorder
         tags = run_tags(setup.device)
-        tags.update({f"data.{k}": str(v) for k, v in setup.dataset_info.items()})
+        tags.update({f"{store.DATA_PREFIX}{k}": str(v) for k, v in setup.dataset_info.items()})
         tags["model.num_params"] = str(setup.num_params)
         recorder.set_tags(tags)
         state = checkpoint.restore(setup, ckpt) if ckpt else None
@@ -462,7 +462,21 @@ class Job:
             tags["run_dir"] = str(self.ctx.output_dir.resolve())
         if self.ctx.job_num is not None:
             tags[store.JOB_NUM] = str(self.ctx.job_num)
-        return tags
+        return {**tags, **target_tags(cfg)}
+
+
+def target_tags(cfg: Config) -> dict[str, str]:
+    """For each component named by ``_target_``: its path and where its code came from."""
+    from ampsweep.app.environment import target_provenance
+    from ampsweep.engine.components import builders
+
+    tags = {}
+    for section, builder in builders(cfg).items():
+        if builder.target:
+            tags[store.target_tag(section)] = builder.target
+            for key, value in target_provenance(builder.fn).items():
+                tags[store.target_tag(section, key)] = value
+    return tags
 
 
 def _drop_unused_run_dir(ctx: JobContext) -> None:

@@ -21,12 +21,14 @@ from ampsweep.tracking import sweep as sweeps
 from ampsweep.tracking.sweep import SweepInfo, SweepResult
 
 
-def plan_dir(first_job: list[str], conf: Path, config_name: str) -> tuple[Path, str]:
+def plan_dir(
+    first_job: list[str], conf: Path, config_name: str, search: list[str] | None = None
+) -> tuple[Path, str]:
     """The sweep dir Hydra would make for this command (resolved now, once) and the sweep's
-    label (the experiment's name, else "sweep")."""
+    label (the experiment's name, else "sweep"). ``search``: the user's config folders."""
     from omegaconf import OmegaConf
 
-    cfg = compose(first_job, conf, config_name, return_hydra_config=True)
+    cfg = compose(first_job, conf, config_name, return_hydra_config=True, search=search or ())
     sweep_dir = Path(cfg.hydra.sweep.dir).resolve()
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
     return sweep_dir, choices.get("experiment") or "sweep"

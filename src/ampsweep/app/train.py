@@ -35,10 +35,12 @@ Train one configuration (or, with -m, sweep every combination) and record each r
   ampsweep train precision=fp16 trainer.epochs=3      # one run
   ampsweep train -m precision=fp32,fp16,bf16          # a sweep: one parent run, a child per job
   ampsweep train -m experiment=precision_sweep        # the ready CPU sweep
+  ampsweep train -m experiment=precision_sweep_lm     # the same for a small GPT on text
+  ampsweep train --config-dir ./conf model=my_net dataset=my_data   # your own config folder
   ampsweep train trainer.resume=auto                  # continue the newest checkpoint
   ampsweep train --config-path RUN_DIR/.hydra --config-name config   # rerun a run dir
 
-Groups: precision, model, dataset, optimizer, trainer, tracking, experiment.
+Groups: precision, model, dataset, optimizer, task, loss, trainer, tracking, experiment.
 `ampsweep train --help` shows every option and the composed config (Hydra's help);
 `ampsweep train --cfg job` prints the config a command would run.
 """
@@ -70,9 +72,11 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     if args and args[0] in ("--usage",):
         print(TRAIN_HELP)
         return 0
+    from ampsweep.config.compose import normalise_overrides
     from ampsweep.engine import distributed
 
     command = command or CommandContext()
+    args = normalise_overrides(args)  # model.args.<key>=v: add or set, as the help says
     overrides, flags, bare = split_train_args(args)
     informational = bool((bare | set(flags)) & HYDRA_INFO_FLAGS)
     multirun = bool(bare & {"-m", "--multirun"})
@@ -86,8 +90,8 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         return 2
     if informational:
         return run_hydra(args, command)
-    conf, name = _conf_of(flags)
-    code, configs = validate(overrides, conf, name, multirun, record=rank.is_main)
+    conf, name, search = _conf_of(flags)
+    code, configs = validate(overrides, conf, name, multirun, record=rank.is_main, search=search)
     if code:
         return code
     code = _check_nproc(configs, overrides, multirun, rank)
@@ -108,7 +112,7 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         except KeyboardInterrupt:
             console.error("interrupted")
             return EXIT_KILLED
-    return run_sweep(args, overrides, configs, conf, name, command, rank.is_main)
+    return run_sweep(args, overrides, configs, conf, name, command, rank.is_main, search)
 
 
 def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | None:
@@ -133,16 +137,25 @@ def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | N
     return None
 
 
-def _conf_of(flags: dict[str, str]) -> tuple[Path, str]:
-    from ampsweep.config.compose import config_dir
+def _conf_of(flags: dict[str, str]) -> tuple[Path, str, list[str]]:
+    """The primary config folder, the config's name, and the user's config folder
+    (``--config-dir``: its group files sit beside ampsweep's) as a search path entry."""
+    from ampsweep.config.compose import config_dir, search_entry
 
     path = flags.get("--config-path") or flags.get("-cp")
     name = flags.get("--config-name") or flags.get("-cn") or "config"
-    return (Path(path).resolve() if path else config_dir()), name
+    extra = flags.get("--config-dir") or flags.get("-cd")
+    search = [search_entry(extra)] if extra else []
+    return (Path(path).resolve() if path else config_dir()), name, search
 
 
 def validate(
-    overrides: list[str], conf: Path, name: str, multirun: bool, record: bool = True
+    overrides: list[str],
+    conf: Path,
+    name: str,
+    multirun: bool,
+    record: bool = True,
+    search: list[str] | None = None,
 ) -> tuple[int, list[Config]]:
     """Compose and check every job of the command before anything runs; open (create or
     migrate) each MLflow store once, here, before jobs in other processes write to it."""
@@ -150,7 +163,7 @@ def validate(
     from ampsweep.tracking import store
 
     try:
-        configs = validate_command(overrides, multirun, conf, name)
+        configs = validate_command(overrides, multirun, conf, name, search or ())
         from ampsweep.engine import components  # torch: only once the shared keys are good
 
         configs = [components.resolve(c) for c in configs]
@@ -214,6 +227,7 @@ def run_sweep(
     name: str,
     command: CommandContext,
     is_main: bool,
+    search: list[str] | None = None,
 ) -> int:
     """A multirun: the parent run first (in the sweep dir Hydra is told to use), the jobs,
     then the report and the parent's end, whatever happened to the jobs."""
@@ -221,7 +235,7 @@ def run_sweep(
     from ampsweep.config.compose import expand_sweep, is_hydra_override
 
     first_job = expand_sweep([o for o in overrides if not is_hydra_override(o)])[0]
-    sweep_dir, label = sweep.plan_dir(first_job, conf, name)
+    sweep_dir, label = sweep.plan_dir(first_job, conf, name, search)
     command.sweep = sweep.begin(configs, args, sweep_dir, label) if is_main else None
     interrupted, hydra_code, result = False, 0, None
     try:

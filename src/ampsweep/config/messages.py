@@ -17,9 +17,11 @@ from typing import Any
 from ampsweep.config.schema import COMPONENTS, Config
 
 
-def group_options(group: str, conf: Path) -> list[str]:
-    """The options of a config group: the YAML files of its folder."""
-    return sorted(p.stem for p in (conf / group).glob("*.yaml"))
+def group_options(group: str, conf: Path | list[Path]) -> list[str]:
+    """The options of a config group: the YAML files of its folder in each config folder
+    (ampsweep's, then the user's)."""
+    folders = conf if isinstance(conf, list) else [conf]
+    return sorted({p.stem for folder in folders for p in (Path(folder) / group).glob("*.yaml")})
 
 
 def _schema_default(key: str) -> Any:
@@ -55,7 +57,7 @@ KIND_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or 
 def explain(
     err: BaseException,
     overrides: list[str],
-    conf: Path | None,
+    conf: Path | list[Path] | None,
     keys_of: Callable[[str], list[str]] = schema_keys,
 ) -> str:
     """One line: what was wrong, the value, and the fix. ``keys_of(full_key)`` lists the valid

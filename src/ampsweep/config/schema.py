@@ -33,12 +33,20 @@ from ampsweep.precision.modes import PrecisionConfig
 # ---------------------------------------------------------------- components
 
 
+# A component may name a callable instead of a registered builder, in the form Hydra's
+# ``instantiate`` reads: ``_target_: mypkg.nets.make_net`` with its arguments as sibling keys.
+# The YAML keys and the typed fields they become:
+TARGET_KEYS = {"_target_": "target", "_partial_": "partial"}
+
+
 @dataclass
 class ModelConfig:
-    """``model=<name>``: a registered model builder and its own settings."""
+    """``model=<name>``: a registered model builder and its own settings, or ``_target_``: any
+    callable returning an ``nn.Module`` (``name`` is then only a label)."""
 
     name: str = "cnn"
     args: dict[str, Any] = field(default_factory=dict)  # model.<key>: the builder's settings
+    target: str | None = None  # _target_: the dotted path of a class or factory
 
 
 class Preload(Enum):
@@ -53,6 +61,7 @@ class DatasetConfig:
 
     name: str = "digits"
     args: dict[str, Any] = field(default_factory=dict)  # dataset.<key>: the loader's settings
+    target: str | None = None  # _target_: a callable returning a torch Dataset (or two)
     val_fraction: float = 0.2  # data sets without a test split: held-out share
     split_seed: int = 0  # the train/validation split (and generated data) is fixed by this seed
     # normalisation: empty lists mean "the data set's own statistics"
@@ -88,12 +97,37 @@ class OptimizerConfig:
     min_lr_ratio: float = 0.0  # cosine: final lr / lr
 
 
+@dataclass
+class TaskConfig:
+    """``task=<name>``: what is learnt from the data, which decides how the loss is applied to
+    a batch and which metrics are reported (``classification``, ``language_modeling``)."""
+
+    name: str = "classification"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LossConfig:
+    """``loss=<name>``: a registered loss and its settings, or ``_target_``: a callable that
+    makes the loss function (``torch.nn.CrossEntropyLoss``), or with ``_partial_: true`` the
+    loss function itself, its arguments bound by name. It receives fp32 logits and targets."""
+
+    name: str = "cross_entropy"
+    args: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None
+    partial: bool = False
+
+
 # Which typed config each open section becomes (the rest of its keys go to ``args``).
 COMPONENTS: dict[str, type] = {
     "model": ModelConfig,
     "dataset": DatasetConfig,
     "optimizer": OptimizerConfig,
+    "task": TaskConfig,
+    "loss": LossConfig,
 }
+# Fields of a component config that are not keys its kind shares.
+COMPONENT_META = ("name", "args", *TARGET_KEYS.values())
 
 
 # ---------------------------------------------------------------- trainer
@@ -177,7 +211,7 @@ def shared_defaults(cls: type) -> dict[str, Any]:
     obj = cls()
     out = {}
     for f in fields(cls):
-        if f.name not in ("name", "args"):
+        if f.name not in COMPONENT_META:
             value = getattr(obj, f.name)
             out[f.name] = value.name if isinstance(value, Enum) else value
     return out
@@ -191,6 +225,8 @@ class Schema:
     model: dict[str, Any] = field(default_factory=lambda: shared_defaults(ModelConfig))
     dataset: dict[str, Any] = field(default_factory=lambda: shared_defaults(DatasetConfig))
     optimizer: dict[str, Any] = field(default_factory=lambda: shared_defaults(OptimizerConfig))
+    task: dict[str, Any] = field(default_factory=lambda: shared_defaults(TaskConfig))
+    loss: dict[str, Any] = field(default_factory=lambda: shared_defaults(LossConfig))
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
@@ -204,6 +240,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)

@@ -18,6 +18,8 @@ import torch
 from ampsweep.config.schema import Config, ConfigError, Device
 from ampsweep.engine import components, data, distributed, models, optim
 from ampsweep.engine.data.batches import Augment, Batches
+from ampsweep.engine.losses import check_loss
+from ampsweep.engine.tasks import Objective, build_objective, default_objective
 from ampsweep.measure.diagnostics import Diagnostics
 from ampsweep.measure.memory import reset_peak_memory
 from ampsweep.precision.policy import PrecisionPolicy, build_policy
@@ -62,6 +64,8 @@ class Setup:
     num_params: int
     dataset_info: dict = field(default_factory=dict)
     diagnostics: Diagnostics = field(default_factory=Diagnostics)  # off unless configured
+    objective: Objective = field(default_factory=default_objective)  # the task and its loss
+    reference: dict[str, float] = field(default_factory=dict)  # numbers about the data
 
 
 def resolve(cfg: Config) -> Config:
@@ -84,7 +88,8 @@ def build(cfg: Config) -> Setup:
     policy.set_global_state()
     reset_peak_memory(device)
 
-    splits = data.load(cfg.dataset)
+    objective = build_objective(cfg, device)
+    splits = data.load(cfg.dataset, cfg.task.name)
     preload = data.should_preload(cfg.dataset, splits)
     train_split, val_split = splits.train, splits.val
     if preload and not splits.in_memory:
@@ -113,9 +118,10 @@ def build(cfg: Config) -> Setup:
     total = steps_per_epoch * t.epochs
     total = min(total, t.max_steps) if t.max_steps > 0 else total
 
-    model = models.build_model(cfg.model, splits.input_shape, splits.num_classes)
+    model = models.build_model(cfg.model, splits.input_shape, splits.num_classes).to(device)
+    check_fit(model, objective, splits, cfg, device)  # also gives lazy layers their shapes
     num_params = models.count_parameters(model)
-    model = policy.prepare_model(model.to(device))
+    model = policy.prepare_model(model)
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
@@ -142,6 +148,33 @@ def build(cfg: Config) -> Setup:
             "input_shape": "x".join(map(str, splits.input_shape)),
             "num_classes": splits.num_classes,
             "preload": preload,
+            **splits.info,
         },
         diagnostics=Diagnostics(cfg.diagnostics, t.loss_multiplier / t.grad_accum_steps),
+        objective=objective,
+        reference=splits.reference,
     )
+
+
+def check_fit(
+    model: torch.nn.Module, objective: Objective, splits: data.Splits, cfg: Config, device
+) -> None:
+    """One forward pass and the loss on two training samples, before anything is recorded
+    about the model: lazy layers get their shapes, and a model whose output the task cannot
+    use, or a loss that does not give one number, is refused in one line."""
+    x, y = data.sample_inputs(splits.train)
+    x = x.to(device, torch.float32) if x.is_floating_point() else x.to(device)
+    y = y.to(device)
+    label = models.MODELS.builder(cfg.model).label
+    logits = models.dry_run(model, x, label)
+    data_label = data.DATASETS.builder(cfg.dataset).label
+    objective.task.check(logits, y, splits.num_classes, label, data_label)
+    try:
+        value = objective(logits, y)
+    except Exception as err:
+        raise ConfigError(
+            f"loss={cfg.loss.name}: computing it on the model's output failed "
+            f"({type(err).__name__}: {' '.join(str(err).split())[:300]}): make the loss take "
+            "(logits, targets)"
+        ) from None
+    check_loss(value, f"loss={cfg.loss.name}")

@@ -12,6 +12,7 @@ no MFU rather than a wrong one; CPUs get ``perf/tflops`` only.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,18 +84,29 @@ def peak_tflops(device_name: str, kind: str) -> float | None:
     return None if found is None else getattr(found[1], kind)
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A classifier's loss, for counting a model on its own (a run passes its own loss)."""
+    return F.cross_entropy(logits.float(), y)
+
+
 def train_step_flops(
     module: torch.nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     policy: PrecisionPolicy,
     micro_batches: int = 1,
+    loss: LossFn = cross_entropy,
 ) -> int:
     """FLOPs of one optimizer step: forward + backward on batch ``(x, y)``, times micro-batches.
 
-    Runs one real forward/backward on ``module`` (the plain module: not compiled, not DDP)
-    without touching the run's state: the gradients go to detached leaves (not ``.grad``),
-    buffers (BatchNorm running stats) are copies, and the RNG is restored afterwards.
+    ``loss(logits, y)``: the run's loss (the training loop's objective), computed as in a
+    training step. Runs one real forward/backward on ``module`` (the plain module: not
+    compiled, not DDP) without touching the run's state: the gradients go to detached leaves
+    (not ``.grad``), buffers (BatchNorm running stats) are copies, and the RNG is restored
+    afterwards.
     """
     params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in module.named_parameters()}
     buffers = {n: b.clone() for n, b in module.named_buffers()}
@@ -103,8 +115,8 @@ def train_step_flops(
     with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
         with policy.autocast():
             logits = torch.func.functional_call(module, {**params, **buffers}, (x,))
-            loss = F.cross_entropy(logits.float(), y)
-        torch.autograd.grad(loss, leaves)
+            value = loss(logits, y)
+        torch.autograd.grad(value, leaves)
     return int(counter.get_total_flops()) * micro_batches
 
 

@@ -35,6 +35,19 @@ REPRODUCES = "reproduces"  # the run a reproduction repeats
 ENDED_BY = "ended_by"  # who ended a run whose own process could not
 GIT_COMMIT, GIT_DIRTY = "git_commit", "git_dirty"
 AMPSWEEP_VERSION = "ampsweep_version"
+# A component named by ``_target_``: <section>.target = its dotted path, and where its code
+# came from (<section>.target.version, .git_commit, .git_dirty, .sha256 of its module file),
+# so ``reproduce`` can tell whether the code it imports now is the code that ran.
+TARGET_FIELDS = ("version", "git_commit", "git_dirty", "sha256")
+DATA_PREFIX = "data."  # facts about the data a run read (data.text_sha256, data.num_classes, ..)
+
+
+def target_tag(section: str, field: str | None = None) -> str:
+    """The tag holding a ``_target_`` component's path (``field`` None) or a fact about its
+    code (one of TARGET_FIELDS)."""
+    return f"{section}.target" + (f".{field}" if field else "")
+
+
 # Where a run happened (app.environment writes them; the report reads them back)
 DEVICE, DEVICE_NAME, TORCH_VERSION, CUDA_VERSION = (
     "device", "device_name", "torch_version", "cuda_version",
