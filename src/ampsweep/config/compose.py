@@ -201,8 +201,16 @@ def _refuse_unknown_keys(cfg) -> None:
             if key == "hydra" and not prefix:
                 continue
             if key not in known:
-                close = difflib.get_close_matches(str(key), list(known), n=1)
-                hint = f"did you mean {prefix}{close[0]}?; " if close else ""
+                close = [f"{prefix}{c}" for c in difflib.get_close_matches(str(key), known, n=1)]
+                if not prefix:  # at the top: perhaps a section's key without its section
+                    inner = {
+                        g.name: f"{f.name}.{g.name}"
+                        for f in fields(Schema)
+                        if is_dataclass(f.default_factory) and f.name not in COMPONENTS
+                        for g in fields(f.default_factory)
+                    }
+                    close = [inner[c] for c in difflib.get_close_matches(str(key), inner, n=1)]
+                hint = f"did you mean {close[0]}?; " if close else ""
                 where = f"in {prefix.rstrip('.')}" if prefix else "at the top"
                 raise ConfigError(
                     f"{prefix}{key}={node._get_node(key)._value()}: unknown key '{key}': "
