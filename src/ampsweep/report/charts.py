@@ -1,8 +1,9 @@
 """PNG charts of a sweep report (matplotlib, Agg backend: no display needed).
 
 One figure per question: how fast (throughput, speed-up), how much memory (activations, GPU
-peak), how accurate, how training went (validation loss over steps), and what the loss
-scaler did (scale over steps). They are logged to the sweep's parent run under charts/.
+peak), how accurate (for language models: what perplexity), how training went (validation
+loss over steps), and what the loss scaler did (scale over steps). They are logged to the
+sweep's parent run under charts/.
 """
 
 from __future__ import annotations
@@ -103,6 +104,21 @@ def accuracy(report: Report, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def perplexity(report: Report, path: Path) -> Path | None:
+    rows = [r for r in report.rows if is_number(r.val_ppl)]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _bars(ax, rows, [r.val_ppl for r in rows], [_x(r.ppl_ratio) for r in rows],
+          "validation perplexity (lower is better)")  # fmt: skip
+    unigram = next((r.unigram_ppl for r in rows if is_number(r.unigram_ppl)), None)
+    if unigram:
+        ax.axhline(unigram, color="grey", linestyle="--", label=f"unigram baseline {unigram:.2f}")
+        ax.legend(fontsize=8)
+    ax.set_title(f"Validation perplexity (labels: ratio to {report.baseline_mode})")
+    return _save(fig, path)
+
+
 def _curves(report: Report, key: str, path: Path, title: str, ylabel: str, log: bool):
     runs = [r for r in report.runs if r.status == FINISHED and r.history.get(key)]
     if not runs:
@@ -132,6 +148,7 @@ def write_charts(report: Report, folder: Path) -> list[Path]:
         throughput(report, folder / "throughput.png"),
         memory(report, folder / "memory.png"),
         accuracy(report, folder / "accuracy.png"),
+        perplexity(report, folder / "perplexity.png"),
         _curves(
             report, "val/loss", folder / "val_loss.png", "Validation loss", "val/loss", log=False
         ),

@@ -14,6 +14,9 @@ from ampsweep.report.model import Row, is_number
 from ampsweep.tracking.store import FINISHED
 
 ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
+# Perplexity "held" within 2% of the baseline's (a validation loss within about 0.02 nats):
+# what runs of the same model differing only in their rounding commonly differ by.
+PPL_TOLERANCE = 0.02
 
 
 def _is(name: str, test) -> bool:
@@ -53,6 +56,13 @@ def _pts(delta: float) -> str:
     return f"{delta * 100:+.1f} points"
 
 
+def _rate(r: Row) -> str:
+    """A run's throughput in its own unit: tokens/s for language models, else samples/s."""
+    if is_number(r.tokens_per_s):
+        return f"{r.tokens_per_s:,.0f} tokens/s"
+    return f"{r.samples_per_s:,.0f} samples/s"
+
+
 def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32") -> list[str]:
     """Plain-language conclusions, each with the numbers behind it."""
     out = [f"Device: {describe_device(device)}."]
@@ -89,13 +99,13 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
             others = [r for r in timed if r is not best]
             slower = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in others)
             out.append(
-                f"Fastest here{where}: {best.precision} at {best.samples_per_s:,.0f} samples/s; "
+                f"Fastest here{where}: {best.precision} at {_rate(best)}; "
                 f"every other mode is slower (throughput relative to {base}: {slower})."
             )
         else:
             out.append(
                 f"Fastest here{where}: {best.precision}, {best.speedup:.2f}x the {base} "
-                f"throughput ({best.samples_per_s:,.0f} samples/s)."
+                f"throughput ({_rate(best)})."
             )
     act = [r for r in group if is_number(r.activation_ratio) and r.precision != base]
     if act:
@@ -146,6 +156,42 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
                 f"Accuracy rose{where} for {r.precision}: {r.val_acc:.3f} "
                 f"({_pts(r.acc_delta)} vs {base}; at this run length that is noise, not a gain)."
             )
+    out.extend(_perplexity_findings(group, base, where))
+    return out
+
+
+def _perplexity_findings(group: list[Row], base: str, where: str) -> list[str]:
+    """Language models: perplexity against the baseline's, and against the unigram baseline
+    of the same text (what predicting each token from its frequency alone achieves)."""
+    ppls = [r for r in group if is_number(r.ppl_ratio) and r.precision != base]
+    if not ppls:
+        return []
+    out = []
+    base_ppl = ppls[0].val_ppl / ppls[0].ppl_ratio
+    unigram = next((r.unigram_ppl for r in group if is_number(r.unigram_ppl)), None)
+    if unigram:
+        verdict = "learnt well below it" if base_ppl < 0.75 * unigram else "is not far below it"
+        out.append(
+            f"{base} reached validation perplexity {base_ppl:.3f}{where}; predicting each token "
+            f"from its frequency alone (the unigram baseline of the same text) gives "
+            f"{unigram:.3f}: the model {verdict}."
+        )
+    held = [r for r in ppls if abs(r.ppl_ratio - 1.0) <= PPL_TOLERANCE]
+    if held:
+        listing = ", ".join(f"{r.precision} {r.val_ppl:.3f}" for r in held)
+        out.append(
+            f"Perplexity held{where} within {PPL_TOLERANCE:.0%} of {base}'s {base_ppl:.3f}: "
+            f"{listing}."
+        )
+    for r in ppls:
+        change = f"{(r.ppl_ratio - 1.0) * 100:+.1f}% vs {base}"
+        if r.ppl_ratio > 1.0 + PPL_TOLERANCE:
+            out.append(f"Perplexity rose{where} for {r.precision}: {r.val_ppl:.3f} ({change}).")
+        elif r.ppl_ratio < 1.0 - PPL_TOLERANCE:
+            out.append(
+                f"Perplexity fell{where} for {r.precision}: {r.val_ppl:.3f} ({change}; at this "
+                "run length that is noise, not a gain)."
+            )
     return out
 
 
@@ -156,6 +202,10 @@ def _noscale_findings(done: list[Row], base: str) -> list[str]:
             continue
         acc = f"reached {r.val_acc:.3f}" if is_number(r.val_acc) else "has no accuracy"
         delta = f" ({_pts(r.acc_delta)} vs {base})" if is_number(r.acc_delta) else ""
+        if is_number(r.val_ppl):  # a language model
+            acc = f"reached perplexity {r.val_ppl:.3f}"
+            ratio = r.ppl_ratio
+            delta = f" ({(ratio - 1.0) * 100:+.1f}% vs {base})" if is_number(ratio) else ""
         text = (
             f"fp16 without loss scaling ({r.precision}) {acc}{delta}. With no scaler no step is "
             "checked or skipped: gradients too small for fp16 silently become zero"
@@ -183,7 +233,7 @@ def _underflow_findings(done: list[Row]) -> list[str]:
     groups: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
     for r in done:
         if r.extra:
-            metrics = {**r.extra, "val/acc": r.val_acc if is_number(r.val_acc) else float("nan")}
+            metrics = {**r.extra, **({"val/acc": r.val_acc} if is_number(r.val_acc) else {})}
             if is_number(r.loss_scale):
                 metrics["amp/loss_scale"] = r.loss_scale
             groups.setdefault((r.model, r.dataset), {})[r.precision] = metrics
@@ -217,7 +267,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
             f"This CPU has no tensor cores and {has}, so its timings of half precision{rel} "
             "say little about a GPU: the speed-ups of mixed precision belong to GPUs with "
             "tensor cores. What carries over from a CPU run is the activation memory saved and "
-            "whether accuracy held."
+            "whether accuracy (for a language model, perplexity) held."
         ]
     cap = _capability(device)
     if kind == "cuda" and cap is not None and cap < 7.0:

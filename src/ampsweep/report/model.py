@@ -42,7 +42,12 @@ class Row:
     baseline_run_id: str | None = None
     val_acc: float | None = None
     acc_delta: float | None = None  # fraction (0.01 = one point)
+    # Language models report perplexity instead of accuracy (lower is better).
+    val_ppl: float | None = None
+    ppl_ratio: float | None = None  # val_ppl / the baseline's (1.02: 2% higher)
+    unigram_ppl: float | None = None  # the perplexity of token frequencies on the same text
     samples_per_s: float | None = None
+    tokens_per_s: float | None = None
     speedup: float | None = None
     activation_mib: float | None = None
     activation_ratio: float | None = None
@@ -65,8 +70,9 @@ class Report:
     runs: list[RunData] = field(default_factory=list)  # for the charts
 
     def headline_metrics(self) -> dict[str, float]:
-        """``speedup/<mode>``, ``acc_delta/<mode>``, ``activation_ratio/<mode>`` (and
-        ``peak_ratio``) per compared run; the run name replaces the mode when a mode repeats."""
+        """``speedup/<mode>``, ``acc_delta/<mode>`` (``ppl_ratio/<mode>`` for language models),
+        ``activation_ratio/<mode>`` (and ``peak_ratio``) per compared run; the run name replaces
+        the mode when a mode repeats."""
         counts: dict[str, int] = {}
         for r in self.rows:
             counts[r.precision] = counts.get(r.precision, 0) + 1
@@ -76,6 +82,7 @@ class Report:
             for name, value in (
                 ("speedup", r.speedup),
                 ("acc_delta", r.acc_delta),
+                ("ppl_ratio", r.ppl_ratio),
                 ("activation_ratio", r.activation_ratio),
                 ("peak_ratio", r.peak_ratio),
             ):

@@ -16,7 +16,10 @@ COLUMNS = [  # (key, header, format)
     ("status", "status", "s"),
     ("val_acc", "val acc", ".4f"),
     ("acc_delta", "Δacc pt", "pt"),
+    ("val_ppl", "val ppl", ".3f"),
+    ("ppl_ratio", "ppl ratio", "x"),
     ("samples_per_s", "samples/s", ",.0f"),
+    ("tokens_per_s", "tokens/s", ",.0f"),
     ("speedup", "speed-up", "x"),
     ("activation_mib", "act MiB", ".3f"),
     ("activation_ratio", "act ratio", "x"),
@@ -41,13 +44,14 @@ def _cell(value, fmt: str) -> str:
 
 def columns(report: Report) -> list[tuple[str, str, str]]:
     """The columns worth showing: peak memory only when measured (CUDA), loss scale only when
-    a scaler ran, and each optional ``amp/grad_*`` metric that some run logged."""
+    a scaler ran, accuracy or perplexity (and tokens/s) as the runs logged them, and each
+    optional ``amp/grad_*`` metric that some run logged."""
     rows = report.rows
+    optional = ("peak_mib", "peak_ratio", "loss_scale", "val_ppl", "ppl_ratio", "tokens_per_s")
+    if not any(is_number(r.val_acc) for r in rows) and any(is_number(r.val_ppl) for r in rows):
+        optional += ("val_acc", "acc_delta")  # a language model's sweep: perplexity instead
     cols = [
-        c
-        for c in COLUMNS
-        if c[0] not in ("peak_mib", "peak_ratio", "loss_scale")
-        or any(is_number(getattr(r, c[0])) for r in rows)
+        c for c in COLUMNS if c[0] not in optional or any(is_number(getattr(r, c[0])) for r in rows)
     ]
     extras = sorted({k for r in rows for k in r.extra})
     cols += [(f"extra:{k}", k.split("/", 1)[-1], ".3g") for k in extras]
