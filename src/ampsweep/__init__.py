@@ -8,9 +8,12 @@ From Python (a notebook, a script), exactly as ``ampsweep train`` records::
     result = ampsweep.sweep(["experiment=precision_sweep"])
     result.parent_run_id, result.rows
 
-Importing ampsweep is light: torch, Hydra and MLflow load when a run starts.
+``train`` and ``sweep`` live in ``ampsweep.app.api`` and load on first use (PEP 562), so
+``import ampsweep`` stays light: torch, Hydra and MLflow load when a run starts, and the
+package's lower layers (which import ``ampsweep`` itself) never depend on the app layer.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 
 from ampsweep.errors import ConfigError
@@ -21,20 +24,14 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+local"
 
 __all__ = ["ConfigError", "__version__", "sweep", "train"]
+_API = ("train", "sweep")
 
 
-def train(overrides=(), config_dir=None):
-    """Train one configuration: ``overrides`` as on the command line, ``config_dir`` your own
-    config folder (as ``--config-dir``). Returns the run's id, name and final numbers; raises
-    ConfigError for a refused command, ampsweep.app.api.TrainError for a failed run."""
-    from ampsweep.app.api import train as run
-
-    return run(overrides, config_dir)
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module("ampsweep.app.api"), name)
+    raise AttributeError(f"module 'ampsweep' has no attribute {name!r}")
 
 
-def sweep(overrides=(), config_dir=None, baseline="fp32"):
-    """Run a sweep (as ``ampsweep train -m``): returns the parent run id, the report's rows
-    (each mode against ``baseline``) and findings."""
-    from ampsweep.app.api import sweep as run
-
-    return run(overrides, config_dir, baseline)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])
