@@ -257,3 +257,21 @@ def test_bad_input_is_one_line_and_leaves_nothing(project, store, capsys, overri
     assert not (folder / "outputs" / "runs").exists() or not any(
         (folder / "outputs" / "runs").rglob("config.yaml")
     )
+
+
+@pytest.mark.slow
+def test_a_user_model_trains_under_ddp_as_one_run(project, store):
+    """trainer.nproc=2: each worker runs the command again, from the same folder, and imports
+    the project's package there."""
+    from conftest import run_cli
+
+    folder, _ = project
+    args = ["train", "--config-dir", "conf", "model=blob_net", "dataset=blobs", "trainer.nproc=2",
+            "trainer.epochs=2", "trainer.batch_size=16", "trainer.progress=false",
+            f"tracking.uri={store}"]  # fmt: skip
+    proc = run_cli(args, folder, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, (run,) = runs(store)
+    assert run.data.params["world_size"] == "2" and run.info.status == "FINISHED"
+    assert run.data.tags["model.num_params"] == str(16 * 16 + 16 + 16 * 3 + 3)
+    assert run.data.metrics["val/acc"] >= 0.85

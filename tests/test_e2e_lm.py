@@ -75,7 +75,7 @@ def test_the_lm_precision_sweep_reports_perplexity_tokens_and_memory(
 
 
 def test_the_experiments_gpt_learns_well_below_the_unigram_baseline():
-    """The sweep's model and data (less text, 60 steps, fp32): the validation perplexity falls
+    """The sweep's model and data (150 of its 234 steps, fp32): the validation perplexity falls
     well below that of predicting each byte from its frequency in the training text."""
     from ampsweep.config import compose
     from ampsweep.engine.build import build
@@ -85,9 +85,8 @@ def test_the_experiments_gpt_learns_well_below_the_unigram_baseline():
         [
             "experiment=precision_sweep_lm",
             "precision=fp32",
-            "dataset.max_bytes=60000",
             "trainer.epochs=10",
-            "trainer.max_steps=60",
+            "trainer.max_steps=150",
             "trainer.eval_every=100",
             "diagnostics.every=0",
             "tracking=none",
@@ -95,7 +94,7 @@ def test_the_experiments_gpt_learns_well_below_the_unigram_baseline():
     )
     summary = fit(build(cfg), lambda m, s: None)
     ppl, unigram = summary["val/perplexity"], summary["data/unigram_perplexity"]
-    print(f"\nGPT after 60 steps: val/perplexity {ppl:.2f}, unigram baseline {unigram:.2f}")
+    print(f"\nGPT after 150 steps: val/perplexity {ppl:.2f}, unigram baseline {unigram:.2f}")
     assert ppl < 0.75 * unigram, (ppl, unigram)
 
 

@@ -40,7 +40,7 @@ def report():
         run("fp32", 12.0, 50_000),
         run("bf16", 12.1, 80_000),
         run("bf16_pure", 13.0, 90_000),
-        run("fp16_noscale", 11.5, 5_000),
+        run("fp16_noscale", 11.0, 5_000),
     ]
     return make_report({"run_id": "p", "name": "precision_sweep_lm-1"}, runs)
 
@@ -64,17 +64,17 @@ def test_the_table_shows_perplexity_and_tokens_instead_of_accuracy(report):
 
 def test_findings_state_the_tolerance_and_the_unigram_baseline(report):
     text = "\n".join(report.findings)
-    assert PPL_TOLERANCE == 0.02
+    assert PPL_TOLERANCE == 0.05
     assert (
         "fp32 reached validation perplexity 12.000; predicting each token from its frequency "
         "alone (the unigram baseline of the same text) gives 29.100: the model learnt well "
         "below it."
     ) in text
-    assert "Perplexity held within 2% of fp32's 12.000: bf16 12.100." in text
+    assert "Perplexity held within 5% of fp32's 12.000: bf16 12.100." in text
     assert "Perplexity rose for bf16_pure: 13.000 (+8.3% vs fp32)." in text
-    assert "Perplexity fell for fp16_noscale: 11.500 (-4.2% vs fp32; at this run length" in text
+    assert "Perplexity fell for fp16_noscale: 11.000 (-8.3% vs fp32; at this run length" in text
     assert "Fastest here: bf16_pure, 1.80x the fp32 throughput (90,000 tokens/s)." in text
-    assert "fp16 without loss scaling (fp16_noscale) reached perplexity 11.500 (-4.2% vs" in text
+    assert "fp16 without loss scaling (fp16_noscale) reached perplexity 11.000 (-8.3% vs" in text
     assert "nan" not in text and "accuracy (for a language model, perplexity) held" in text
 
 

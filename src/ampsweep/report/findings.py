@@ -14,9 +14,10 @@ from ampsweep.report.model import Row, is_number
 from ampsweep.tracking.store import FINISHED
 
 ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
-# Perplexity "held" within 2% of the baseline's (a validation loss within about 0.02 nats):
-# what runs of the same model differing only in their rounding commonly differ by.
-PPL_TOLERANCE = 0.02
+# Perplexity "held" within 5% of the baseline's: a validation loss within about 0.05 nats.
+# Short runs vary more than that with the seed alone (the CPU LM sweep's fp32 run: 9.3 to 12.2
+# over four seeds), so a difference beyond it on a short run is a reason to repeat, not proof.
+PPL_TOLERANCE = 0.05
 
 
 def _is(name: str, test) -> bool:
