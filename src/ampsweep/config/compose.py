@@ -2,10 +2,14 @@
 
 ``ampsweep train`` composes every job of a command here first (each combination of a sweep),
 so a bad override fails before anything runs or touches the MLflow store. A composed
-``Schema`` becomes a ``Config`` in ``to_config``: the fixed sections are typed by Hydra already;
-each open component section (model, dataset, optimizer) is split into the keys its kind
-shares, typed here, and the builder's own settings (``args``), which the engine checks
-against the builder it names.
+``Schema`` becomes a ``Config`` in ``to_config``: the fixed sections are typed by Hydra already
+(and a key added to them with ``+``, which nothing would read, is refused); each open component
+section (model, dataset, optimizer, task, loss) is split into the keys its kind shares, typed
+here, its ``_target_`` (and ``_partial_``) if it names a callable, and the builder's own
+settings (``args``), which the engine checks against the builder or callable it names.
+
+The user's config folders (``--config-dir``, ``hydra.searchpath``) are search path entries
+passed to every composition, so their group files sit beside ampsweep's.
 """
 
 from __future__ import annotations
@@ -213,10 +217,10 @@ def _refuse_unknown_keys(cfg) -> None:
                 hint = f"did you mean {close[0]}?; " if close else ""
                 where = f"in {prefix.rstrip('.')}" if prefix else "at the top"
                 raise ConfigError(
-                    f"{prefix}{key}={node._get_node(key)._value()}: unknown key '{key}': "
+                    f"{prefix}{key}={node.get(key)}: unknown key '{key}': "
                     f"{hint}valid keys {where}: {', '.join(known)}"
                 )
-            value, sub = node._get_node(key), known[key].default_factory
+            value, sub = node.get(key), known[key].default_factory
             if cls is not Schema or key not in COMPONENTS:
                 if isinstance(value, DictConfig) and is_dataclass(sub):
                     walk(value, sub, f"{prefix}{key}.")

@@ -5,10 +5,11 @@ Two views of one config:
 * ``Schema`` is what Hydra composes. It is registered in Hydra's ConfigStore
   (``register_configs``) and the YAML files under ``conf/`` merge onto it, so a misspelt key or
   a wrong type in the fixed sections (precision, trainer, tracking, diagnostics) fails when
-  the config is composed. The model, data set and optimizer are open: each is a mapping whose
-  ``name`` picks a registered builder and whose other keys are that builder's own settings
-  (``model.width`` for the cnn, ``dataset.root`` for MNIST), so adding a builder never means
-  editing this file.
+  the config is composed. The model, data set, optimizer, task and loss are open: each is a
+  mapping whose ``name`` picks a registered builder and whose other keys are that builder's
+  own settings (``model.width`` for the cnn, ``dataset.root`` for MNIST), so adding a builder
+  never means editing this file. A model, data set or loss may instead name any callable with
+  ``_target_`` (Hydra's instantiate form), its arguments as the other keys.
 * ``Config`` is what runs: the same sections, typed, with each component split into the keys
   every builder of its kind shares (``dataset.val_fraction``, ``optimizer.lr``) and ``args``,
   the builder's own. ``compose.to_config`` makes it; the engine checks ``args`` against the
