@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import run_cli
 
 from ampsweep.app.reproduce import reproduce
@@ -163,3 +164,22 @@ def test_ddp_shards_the_sequences_into_one_run(store, tmp_path):
     m = run.data.metrics
     assert m["perf/tokens_per_s"] == pytest.approx(16 * m["perf/samples_per_s"])  # summed ranks
     assert m["val/perplexity"] < 256
+
+
+@pytest.mark.slow
+def test_a_compiled_gpt_trains_as_the_eager_one():
+    from ampsweep.config import compose
+    from ampsweep.engine.build import build
+    from ampsweep.engine.loop import fit
+
+    results = []
+    for compiled in ("false", "true"):
+        cfg = compose.load([*TINY, "tracking=none", "precision=bf16", "trainer.max_steps=4",
+                            f"trainer.compile={compiled}"])  # fmt: skip
+        setup = build(cfg)
+        results.append(fit(setup, lambda m, s: None))
+    assert isinstance(setup.model, torch._dynamo.eval_frame.OptimizedModule)
+    eager, compiled_run = results
+    assert compiled_run["train/steps"] == 4
+    # the same model and data: the compiled graph fuses bf16 ops differently, nothing more
+    assert compiled_run["val/loss"] == pytest.approx(eager["val/loss"], rel=0.02)
