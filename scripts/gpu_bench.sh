@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Speed on a GPU, honestly measured: experiment=precision_sweep_gpu on ResNet-50 with
 # synthetic 224x224 images and on a ViT-B/16-sized VisionTransformer, channels_last, with and
-# without torch.compile; then the report of each sweep and the speed table (samples/s, TFLOPS,
-# MFU against the GPU's datasheet peak for the mode's dtype). No network needed.
+# without torch.compile; then the report of each sweep with every column (samples/s, step time,
+# TFLOPS, MFU against the GPU's datasheet peak for the mode's dtype, memory), against fp32 and
+# against tf32. No network needed.
 #   scripts/gpu_bench.sh                     # on a machine with a CUDA GPU (H200: ~10 min)
 #   scripts/gpu_bench.sh trainer.max_steps=30   # extra Hydra overrides for every run
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_bench.sh   # the same commands on the CPU, tiny and uncompiled
@@ -44,10 +45,9 @@ for name in resnet50 vit; do
     "trainer.compile=$compile" "${common[@]}" "${args[@]}" "tracking.experiment=$exp" "$@" \
     || status=$?
   echo
-  "$PY" -m ampsweep report --sweep latest --experiment "$exp" \
-    || echo "(ampsweep report failed or is not available in this checkout)"
+  "$PY" -m ampsweep report --experiment "$exp" --wide || status=$?
   echo
-  "$PY" scripts/sweep_table.py --experiment "$exp" --speedup fp32 --speedup tf32 || status=$?
+  "$PY" -m ampsweep report --experiment "$exp" --wide --baseline tf32 || status=$?
   echo
 done
 exit "$status"

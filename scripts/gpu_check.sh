@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The core runner on a CUDA GPU: fp32, tf32, fp16, bf16 and bf16_pure on ResNet-18 with
-# synthetic 32x32 data (no network, no files), then samples/s, peak memory and accuracy per
-# mode. Runs are recorded in outputs/mlflow.db (experiment gpu_check).
+# synthetic 32x32 data (no network, no files), then the sweep's report with every column
+# (samples/s, peak memory, MFU, accuracy per mode). Runs are recorded in outputs/mlflow.db
+# (experiment gpu_check).
 #   scripts/gpu_check.sh                     # on a machine with a CUDA GPU
 #   scripts/gpu_check.sh trainer.epochs=5    # extra Hydra overrides for every run
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_check.sh   # the same commands on the CPU, tiny (checks the
@@ -25,4 +26,4 @@ fi
   dataset.image_size=32 dataset.channels=3 dataset.num_classes=10 "${size[@]}" \
   trainer.progress=false tracking.experiment=gpu_check "$@"
 echo
-"$PY" scripts/sweep_table.py --experiment gpu_check --speedup fp32
+"$PY" -m ampsweep report --experiment gpu_check --wide

@@ -1,4 +1,9 @@
-"""What a run shows at the console: a progress bar per epoch, then a summary."""
+"""What a run shows at the console: a progress bar per epoch, then a summary.
+
+At a terminal, text is word-wrapped at its width. When the output is not a terminal (a log
+file, CI, ``tee``) nothing is wrapped (``soft_wrap``): a path or a run id stays whole on one
+line, and tables are laid out for 100 columns instead of rich's assumed 80.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(highlight=False)
-errors = Console(stderr=True, highlight=False)
+PIPED_WIDTH = 100  # tables in a log file: rich would assume 80 columns
+
+
+def _console(stderr: bool = False) -> Console:
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(
+        stderr=stderr, highlight=False, soft_wrap=not tty, width=None if tty else PIPED_WIDTH
+    )
+
+
+console = _console()
+errors = _console(stderr=True)
 
 
 @contextlib.contextmanager
@@ -26,7 +41,12 @@ def quiet_unless_main(is_main: bool):
 
 def error(message: str) -> None:
     """One line on stderr, no traceback."""
-    errors.print(f"[bold red]error:[/] {message}", soft_wrap=True, markup=True)
+    errors.print(f"[bold red]error:[/] {message}", markup=True)
+
+
+def note(message: str) -> None:
+    """A remark on stderr that does not change the outcome."""
+    errors.print(f"[dim]note:[/] {message}", markup=True)
 
 
 def progress_bar(wanted: bool):
@@ -101,8 +121,8 @@ def print_summary(title: str, summary: dict, where: str | None) -> None:
     if "amp/loss_scale" in summary:
         rows.append(("final loss scale", _fmt(summary["amp/loss_scale"], "g")))
     rows.append(("wall time", _fmt(summary.get("perf/wall_s"), ".1f") + " s"))
-    if where:
-        rows.append(("recorded in", where))
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    if where:
+        console.print(f"recorded in {where}")

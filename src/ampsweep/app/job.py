@@ -14,8 +14,10 @@ launched) travels in a ``CommandContext`` that the task function carries.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
+import socket
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -336,7 +338,10 @@ class Job:
 
     def _failed(self, err: Exception) -> JobOutcome:
         message = store.one_line(err)
-        console.error(f"{self.name}: {message}" if self.ctx.job_num is not None else message)
+        # Under DDP every rank refuses a config alike: rank 0 says it once. Other failures
+        # (a crash on one rank) are said by the rank that had them.
+        if self.rank.is_main or not isinstance(err, ConfigError):
+            console.error(f"{self.name}: {message}" if self.ctx.job_num is not None else message)
         if self.recorder.run_id is not None:
             try:
                 self.recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
@@ -364,7 +369,7 @@ class Job:
         run_id = twin.info.run_id
         console.console.print(
             f"[bold]#{self.ctx.job_num} {self.name}[/]: skipped, the identical config FINISHED "
-            f"as run {run_id} (tracking.skip_finished=false reruns it)"
+            f"as run {twin.info.run_name} ({run_id}); tracking.skip_finished=false reruns it"
         )
         record_skip(self.sweep, self.ctx.job_num, run_id)
         return JobOutcome(self.name, store.FINISHED, run_id, skipped=True)
@@ -384,12 +389,13 @@ class Job:
             path, line = checkpoint.newest_of_run(run_id, self._checkpoint_dir_of(run_id, cfg))
         else:
             path, line = checkpoint.locate(cfg, choice)
-        if line and (path is not None or not implied):  # a fresh sweep job needs no word on it
-            console.console.print(line)
         if path is None:
+            if line and not implied:  # a fresh sweep job needs no word on it
+                console.console.print(line)
             return None
         ckpt = checkpoint.load(path)
-        checkpoint.check(ckpt, cfg, path, choice, run_id)
+        checkpoint.check(ckpt, cfg, path, choice, run_id)  # refused before "resuming" is said
+        console.console.print(line)
         ckpt["path"] = str(path)
         return ckpt
 
@@ -462,6 +468,7 @@ class Job:
             tags["run_dir"] = str(self.ctx.output_dir.resolve())
         if self.ctx.job_num is not None:
             tags[store.JOB_NUM] = str(self.ctx.job_num)
+        tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
         return tags
 
 

@@ -64,6 +64,27 @@ def split_train_args(args: list[str]) -> tuple[list[str], dict[str, str], set[st
     return overrides, flags, bare
 
 
+CONFIG_PATH_FLAGS = {"--config-path", "-cp", "--config-dir", "-cd"}
+
+
+def absolute_config_paths(args: list[str]) -> list[str]:
+    """``--config-path``/``--config-dir`` made absolute: Hydra reads a relative config path
+    relative to the module that calls it (inside ampsweep), not the folder the user is in."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        key, eq, value = a.partition("=")
+        if eq and key in CONFIG_PATH_FLAGS:
+            out.append(f"{key}={Path(value).expanduser().resolve()}")
+        elif a in CONFIG_PATH_FLAGS and i + 1 < len(args):
+            out += [a, str(Path(args[i + 1]).expanduser().resolve())]
+            i += 1
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
 def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     """The train command; ``command`` carries what a caller adds (e.g. reproduce's tags) and
     receives the jobs' outcomes."""
@@ -73,6 +94,7 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     from ampsweep.engine import distributed
 
     command = command or CommandContext()
+    args = absolute_config_paths(args)
     overrides, flags, bare = split_train_args(args)
     informational = bool((bare | set(flags)) & HYDRA_INFO_FLAGS)
     multirun = bool(bare & {"-m", "--multirun"})
@@ -244,9 +266,9 @@ def _sweep_exit(result, command: CommandContext, hydra_code: int) -> int:
     outcomes = command.outcomes
     recorded = {r.info.run_id for r in result.runs} if result else set()
     problems = result.describe_failures() if result else []
-    total = len(result.runs) + result.missing if result else len(outcomes)
+    total = len(result.runs) + result.skipped + result.missing if result else len(outcomes)
     unrecorded = [o for o in outcomes if o.status != "FINISHED" and o.run_id not in recorded]
-    problems += [f"#{o.job_num} {o.name} ({o.error or o.status}, not recorded)" for o in unrecorded]
+    problems += [f"#{o.job_num} {o.name} ({o.status}, not recorded)" for o in unrecorded]
     elsewhere = (result.missing if result else 0) - len(unrecorded)
     if elsewhere > 0:  # jobs in other processes that never reached the store
         problems.append(f"{elsewhere} job(s) recorded no run")

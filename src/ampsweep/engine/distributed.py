@@ -164,8 +164,9 @@ def launch(args: list[str], nproc: int) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # The agent logs every rendezvous step at INFO/WARNING; the workers' own output is enough.
-    logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+    # The agent logs every rendezvous step, and each failed worker at ERROR: the workers say
+    # what went wrong themselves, and the exit code carries it.
+    logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -181,9 +182,10 @@ def launch(args: list[str], nproc: int) -> int:
     try:
         entry("-m", "ampsweep", "train", *args)
     except ChildFailedError as err:
-        failures = err.failures
-        first = failures.get(0) or next(iter(failures.values()))
-        return first.exitcode if first.exitcode and first.exitcode > 0 else 1
+        # A worker's own exit code (2: a config error) wins over those the agent killed after
+        # it (negative: by a signal).
+        codes = [f.exitcode for f in err.failures.values() if f.exitcode and f.exitcode > 0]
+        return max(codes, default=1)
     except KeyboardInterrupt:
         raise
     except Exception as err:  # the agent itself failed (rendezvous, ports)

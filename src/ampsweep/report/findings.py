@@ -58,12 +58,11 @@ def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32
     out = [f"Device: {describe_device(device)}."]
     done = [r for r in rows if r.status == FINISHED]
     compared = [r for r in done if r.baseline]
-    groups: dict[tuple[str, str], list[Row]] = {}
+    groups: dict[str, list[Row]] = {}
     for r in compared:
-        groups.setdefault((r.model, r.dataset), []).append(r)
-    for (model, dataset), group in groups.items():
-        where = f" ({model} on {dataset})" if len(groups) > 1 else ""
-        out.extend(_group_findings(group, baseline_mode, where))
+        groups.setdefault(_where(r), []).append(r)
+    for where, group in groups.items():
+        out.extend(_group_findings(group, baseline_mode, f" ({where})" if len(groups) > 1 else ""))
     out.extend(_noscale_findings(done, baseline_mode))
     out.extend(_underflow_findings(done))
     out.extend(_hardware_findings(compared, device, baseline_mode))
@@ -78,6 +77,11 @@ def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32
         if r.status != FINISHED:
             out.append(f"{r.name} ended {r.status}: {r.error or 'no error recorded'}.")
     return out
+
+
+def _where(r: Row) -> str:
+    """The configuration a row belongs to, beyond its precision: ``cnn on digits, lr=0.01``."""
+    return f"{r.model} on {r.dataset}" + (f", {r.varies}" if r.varies else "")
 
 
 def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
@@ -160,9 +164,13 @@ def _noscale_findings(done: list[Row], base: str) -> list[str]:
             f"fp16 without loss scaling ({r.precision}) {acc}{delta}. With no scaler no step is "
             "checked or skipped: gradients too small for fp16 silently become zero"
         )
-        under = {k: v for k, v in r.extra.items() if "underflow" in k}
-        if under:
-            text += " (" + ", ".join(f"{k} {v:.3g}" for k, v in under.items()) + ")"
+        under = r.extra.get("amp/grad_underflow_frac")
+        if is_number(under):
+            text += (
+                f" ({_pct(under)} of this run's gradient values did)"
+                if under > 0
+                else " (on this model none did: amp/grad_underflow_frac 0)"
+            )
         scaled = [x for x in done if _is(x.precision, _scaled_fp16) and x.model == r.model]
         if scaled:
             parts = [
@@ -180,20 +188,18 @@ def _noscale_findings(done: list[Row], base: str) -> list[str]:
 def _underflow_findings(done: list[Row]) -> list[str]:
     """What the gradient-underflow diagnostics measured (runs with diagnostics.every > 0):
     how much of the gradient fp16 without scaling loses on this model, what the scaler keeps."""
-    groups: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    groups: dict[str, dict[str, dict[str, float]]] = {}
     for r in done:
         if r.extra:
             metrics = {**r.extra, "val/acc": r.val_acc if is_number(r.val_acc) else float("nan")}
             if is_number(r.loss_scale):
                 metrics["amp/loss_scale"] = r.loss_scale
-            groups.setdefault((r.model, r.dataset), {})[r.precision] = metrics
+            groups.setdefault(_where(r), {})[r.precision] = metrics
     out = []
-    for (model, dataset), runs in groups.items():
+    for where, runs in groups.items():
         text = underflow_finding(runs)
         if text:
-            out.append(
-                f"Gradient underflow{f' ({model} on {dataset})' if len(groups) > 1 else ''}: {text}"
-            )
+            out.append(f"Gradient underflow{f' ({where})' if len(groups) > 1 else ''}: {text}")
     return out
 
 
@@ -277,8 +283,13 @@ def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
     noscale_mode = next((n for n in measured if _is(n, lambda m: m.unscaled_fp16)), None)
     noscale = measured.get(noscale_mode) if noscale_mode else None
     if noscale and "amp/grad_flushed_frac" in noscale:
-        lost_here = _pct(noscale["amp/grad_flushed_frac"])
-        text = f"The {noscale_mode} run actually lost {lost_here}"
+        flushed = noscale["amp/grad_flushed_frac"]
+        lost_here = (
+            f"lost {_pct(flushed)} of its non-zero gradient values"
+            if flushed > 0
+            else "lost none of its gradient values"
+        )
+        text = f"The {noscale_mode} run actually {lost_here}"
         if "val/acc" in noscale and base_mode in runs and "val/acc" in runs[base_mode]:
             text += (
                 f" and reached val/acc {noscale['val/acc']:.3f} against "
@@ -286,13 +297,15 @@ def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
             )
         parts.append(text + ".")
     scaled_mode = next((n for n in measured if _is(n, _scaled_fp16)), None)
-    if scaled_mode and "amp/grad_underflow_frac_scaled" in measured[scaled_mode]:
+    if lost > 0 and scaled_mode and "amp/grad_underflow_frac_scaled" in measured[scaled_mode]:
         m = measured[scaled_mode]
         still = m["amp/grad_underflow_frac_scaled"]
         scale = m.get("amp/loss_scale", float("nan"))
-        kept = 1.0 - still / m[key] if m[key] > 0 else 1.0
-        parts.append(
-            f"In {scaled_mode}, the scaler at scale {scale:g} leaves {_pct(still)} below fp16's "
-            f"range, so it keeps {_pct(kept)} of the values fp16 alone would lose."
-        )
+        if m[key] > 0:
+            kept = 1.0 - still / m[key]
+            left = f"leaves {_pct(still)} below fp16's range" if still > 0 else "leaves none"
+            parts.append(
+                f"In {scaled_mode}, the scaler at scale {scale:g} {left}, so it keeps "
+                f"{_pct(kept)} of the values fp16 alone would lose."
+            )
     return " ".join(parts)

@@ -23,6 +23,9 @@ class RunData:
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # A relaunch skips a job whose identical config already FINISHED; that earlier run stands
+    # in for the job in this launch's report (its job number in this sweep).
+    stands_in_for_job: str | None = None
 
     @property
     def precision(self) -> str:
@@ -50,9 +53,23 @@ class Row:
     peak_ratio: float | None = None
     skipped_steps: float | None = None
     loss_scale: float | None = None
+    step_ms: float | None = None
+    tflops: float | None = None
+    mfu: float | None = None  # fraction of the GPU's peak for the mode's math
+    varies: str = ""  # the settings beyond precision that differ between the sweep's runs
+    reused: bool = False  # an earlier launch's FINISHED run standing in for this job
     extra: dict[str, float] = field(default_factory=dict)  # OPTIONAL_PREFIXES metrics
     note: str = ""
     error: str = ""
+
+    @property
+    def shown_status(self) -> str:
+        return "earlier" if self.reused else self.status
+
+    @property
+    def scaler_skips(self) -> float | None:
+        """Skipped steps where a scaler ran: only a scaler checks steps and skips them."""
+        return self.skipped_steps if is_number(self.loss_scale) else None
 
 
 @dataclass

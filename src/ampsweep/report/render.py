@@ -1,29 +1,51 @@
-"""The report as a console table, Markdown, CSV and JSON."""
+"""The report as a console table, Markdown, CSV and JSON.
+
+The console table fits 100 columns: the columns a reader needs to decide (mode, accuracy and
+its change, throughput and speed-up, memory saved, MFU on a GPU, what the loss scaler did).
+``--wide`` shows every column; the Markdown, CSV and JSON files always carry everything.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from ampsweep.report.model import Report, Row, is_number
 
-COLUMNS = [  # (key, header, format)
-    ("precision", "mode", "s"),
-    ("model", "model", "s"),
-    ("dataset", "data", "s"),
-    ("status", "status", "s"),
-    ("val_acc", "val acc", ".4f"),
-    ("acc_delta", "Δacc pt", "pt"),
-    ("samples_per_s", "samples/s", ",.0f"),
-    ("speedup", "speed-up", "x"),
-    ("activation_mib", "act MiB", ".3f"),
-    ("activation_ratio", "act ratio", "x"),
-    ("peak_mib", "peak MiB", ",.0f"),
-    ("peak_ratio", "peak ratio", "x"),
-    ("skipped_steps", "skipped", ".0f"),
-    ("loss_scale", "loss scale", "g"),
+CONSOLE_WIDTH = 100
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str  # a Row attribute, or "extra:<metric>"
+    header: str
+    fmt: str  # "s" text, "x" ratio, "pt" points, "pct" percent, else a format spec
+    console: bool = True  # in the default console table (else only with --wide and in files)
+    when: str = "always"  # "always" | "numbers" (some row has one) | "text" | "differs"
+
+
+COLUMNS = [
+    Column("precision", "mode", "s"),
+    Column("varies", "config", "s", when="text"),
+    Column("model", "model", "s", when="differs"),
+    Column("dataset", "data", "s", when="differs"),
+    Column("shown_status", "status", "s", when="differs"),
+    Column("val_acc", "val acc", ".4f"),
+    Column("acc_delta", "Δacc pt", "pt"),
+    Column("samples_per_s", "samples/s", ",.0f"),
+    Column("speedup", "speed-up", "x"),
+    Column("step_ms", "step ms", ".2f", console=False),
+    Column("tflops", "TFLOPS", ".3g", console=False, when="numbers"),
+    Column("mfu", "MFU", "pct", when="numbers"),
+    Column("activation_mib", "act MiB", ".3f", console=False),
+    Column("activation_ratio", "act mem", "x"),
+    Column("peak_mib", "peak MiB", ",.0f", console=False, when="numbers"),
+    Column("peak_ratio", "peak mem", "x", when="numbers"),
+    Column("scaler_skips", "skipped", ".0f", console=True, when="numbers"),
+    Column("skipped_steps", "skipped", ".0f", console=False),
+    Column("loss_scale", "scale", "g", when="numbers"),
 ]
 
 
@@ -36,26 +58,40 @@ def _cell(value, fmt: str) -> str:
         return f"{value:.2f}x"
     if fmt == "pt":
         return f"{value * 100:+.1f}"
+    if fmt == "pct":
+        return f"{value:.1%}"
     return format(value, fmt)
-
-
-def columns(report: Report) -> list[tuple[str, str, str]]:
-    """The columns worth showing: peak memory only when measured (CUDA), loss scale only when
-    a scaler ran, and each optional ``amp/grad_*`` metric that some run logged."""
-    rows = report.rows
-    cols = [
-        c
-        for c in COLUMNS
-        if c[0] not in ("peak_mib", "peak_ratio", "loss_scale")
-        or any(is_number(getattr(r, c[0])) for r in rows)
-    ]
-    extras = sorted({k for r in rows for k in r.extra})
-    cols += [(f"extra:{k}", k.split("/", 1)[-1], ".3g") for k in extras]
-    return cols
 
 
 def _value(row: Row, key: str):
     return row.extra.get(key[6:]) if key.startswith("extra:") else getattr(row, key)
+
+
+def _shown(col: Column, rows: list[Row], wide: bool) -> bool:
+    values = [_value(r, col.key) for r in rows]
+    if col.when == "numbers":
+        return any(is_number(v) for v in values)
+    if col.when == "text":
+        return any(values)
+    if col.when == "differs":  # the console names a shared model and data set in the title
+        return wide or len(set(values)) > 1
+    return True
+
+
+def columns(report: Report, wide: bool = True) -> list[Column]:
+    """The columns worth showing for this report: in the console table (``wide=False``) only
+    those a decision needs; with ``wide``, every measured one and each ``amp/grad_*`` metric
+    some run logged."""
+    rows = report.rows
+    cols = [
+        c
+        for c in COLUMNS
+        if (c.console if not wide else c.key != "scaler_skips") and _shown(c, rows, wide)
+    ]
+    if wide:
+        extras = sorted({k for r in rows for k in r.extra})
+        cols += [Column(f"extra:{k}", k.split("/", 1)[-1], ".3g") for k in extras]
+    return cols
 
 
 def _baseline_cell(r: Row) -> str:
@@ -64,29 +100,31 @@ def _baseline_cell(r: Row) -> str:
     return r.baseline or r.note or ""
 
 
-# At the console only the headline diagnostics fit; the files carry every column.
-CONSOLE_EXTRAS = ("amp/grad_underflow_frac", "amp/grad_flushed_frac")
-
-
-def table_cells(report: Report, compact: bool = False) -> tuple[list[str], list[list[str]]]:
-    cols = columns(report)
-    if compact:
-        cols = [c for c in cols if not c[0].startswith("extra:") or c[0][6:] in CONSOLE_EXTRAS]
-    headers = [h for _, h, _ in cols] + ["baseline"]
-    body = [[_cell(_value(r, k), f) for k, _, f in cols] + [_baseline_cell(r)] for r in report.rows]
+def table_cells(report: Report, wide: bool = True) -> tuple[list[str], list[list[str]]]:
+    cols = columns(report, wide)
+    headers = [c.header for c in cols] + (["baseline"] if wide else [])
+    body = []
+    for r in report.rows:
+        cells = [_cell(_value(r, c.key), c.fmt) for c in cols]
+        body.append(cells + ([_baseline_cell(r)] if wide else []))
     return headers, body
 
 
-def _title(report: Report) -> str:
+def title(report: Report) -> str:
+    rows = report.rows
+    what = ""
+    models, data = {r.model for r in rows}, {r.dataset for r in rows}
+    if len(models) == 1 and len(data) == 1:
+        what = f" of {next(iter(models))} on {next(iter(data))}"
     return (
         f"Sweep {report.sweep.get('name', '')} ({report.sweep.get('run_id', '')}): "
-        f"{len(report.rows)} runs vs {report.baseline_mode}"
+        f"{len(rows)} runs{what} vs {report.baseline_mode}"
     )
 
 
 def to_markdown(report: Report) -> str:
     headers, body = table_cells(report)
-    lines = [f"# {_title(report)}", ""]
+    lines = [f"# {title(report)}", ""]
     if report.sweep.get("command"):
         lines += [f"Command: `{report.sweep['command']}`", ""]
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -122,31 +160,38 @@ def to_json(report: Report) -> str:
     return json.dumps(obj, indent=2, default=str)
 
 
-def print_table(report: Report) -> None:
-    """The report at the console: a table, then the findings."""
-    import sys
-
+def print_table(report: Report, console, wide: bool = False) -> None:
+    """The report on a rich ``console``: a table, then the findings (word-wrapped at a
+    terminal; one line each in a log file)."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    # Piped output (CI logs, demo transcripts) gets a wide table instead of 80-column wrapping.
-    con = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    headers, body = table_cells(report, compact=True)
-    table = Table(title=_title(report), title_justify="left", box=box.SIMPLE_HEAD)
+    headers, body = table_cells(report, wide)
+    console.print(title(report))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    text_columns = sum(1 for c in columns(report, wide) if c.fmt == "s")
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i < 4 or i == len(headers) - 1 else "right")
+        right = text_columns <= i < len(headers) - (1 if wide else 0)
+        table.add_column(h, justify="right" if right else "left", no_wrap=True)
     for row in body:
         table.add_row(*row)
-    con.print(table)
-    con.print("[bold]Findings[/]")
+    console.print(table, width=None if wide else min(console.width, CONSOLE_WIDTH), crop=False)
+    console.print("[bold]Findings[/]")
+    if console.soft_wrap:  # not a terminal: one line per finding
+        for f in report.findings:
+            console.print(f"  - {f}")
+        return
+    findings = Table.grid(padding=(0, 1))  # a terminal: wrapped under their own first word
+    findings.add_column(no_wrap=True)
+    findings.add_column()
     for f in report.findings:
-        con.print(f"  - {f}", soft_wrap=True)
+        findings.add_row("  -", f)
+    console.print(findings)
 
 
-def render(report: Report, fmt: str) -> str | None:
-    """The report as text in ``fmt`` (``table`` prints directly and returns None)."""
+def render(report: Report, fmt: str, console=None, wide: bool = False) -> str | None:
+    """The report as text in ``fmt`` (``table`` prints on ``console`` and returns None)."""
     if fmt == "table":
-        print_table(report)
+        print_table(report, console, wide)
         return None
     return {"markdown": to_markdown, "csv": to_csv, "json": to_json}[fmt](report)

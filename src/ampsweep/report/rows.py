@@ -21,6 +21,21 @@ def config_key(params: dict[str, str]) -> tuple:
     return tuple(sorted((k, v) for k, v in params.items() if not k.startswith("precision.")))
 
 
+def varying(runs: list[RunData]) -> dict[str, str]:
+    """Run id -> the settings beyond precision that tell it apart from the sweep's other runs
+    (``lr=0.01``; a key shortened to its last part unless that is ambiguous). Where the model
+    or data set itself differs (they have columns of their own), its settings are left out."""
+    keys = sorted({k for r in runs for k in r.params if not k.startswith("precision.")})
+    differ = [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
+    swapped = {k.split(".", 1)[0] for k in differ if k.endswith(".name")}
+    differ = [k for k in differ if k.split(".", 1)[0] not in swapped or k == "optimizer.name"]
+    short = {k: k.rsplit(".", 1)[-1] for k in differ}
+    short["optimizer.name"] = "optimizer"
+    names = [short[k] for k in differ]
+    label = {k: short[k] if names.count(short[k]) == 1 else k for k in differ}
+    return {r.run_id: " ".join(f"{label[k]}={r.params.get(k, '-')}" for k in differ) for r in runs}
+
+
 def find_baseline(run: RunData, runs: list[RunData], mode: str) -> RunData | None:
     key = config_key(run.params)
     for other in runs:
@@ -31,6 +46,7 @@ def find_baseline(run: RunData, runs: list[RunData], mode: str) -> RunData | Non
 
 def compute_rows(runs: list[RunData], baseline_mode: str = "fp32") -> list[Row]:
     rows = []
+    varies = varying(runs) if len(runs) > 1 else {}
     for run in runs:
         m = run.metrics
         row = Row(
@@ -40,13 +56,18 @@ def compute_rows(runs: list[RunData], baseline_mode: str = "fp32") -> list[Row]:
             model=run.tags.get(MODEL) or run.params.get("model.name", "?"),
             dataset=run.tags.get(DATASET) or run.params.get("dataset.name", "?"),
             status=run.status,
-            job=run.tags.get(JOB_NUM),
+            job=run.stands_in_for_job or run.tags.get(JOB_NUM),
             val_acc=m.get("val/acc"),
             samples_per_s=m.get("perf/samples_per_s"),
             activation_mib=m.get("mem/activation_mib"),
             peak_mib=m.get("mem/peak_allocated_mib"),
             skipped_steps=m.get("amp/skipped_steps"),
             loss_scale=m.get("amp/loss_scale"),
+            step_ms=m.get("perf/step_time_ms"),
+            tflops=m.get("perf/tflops"),
+            mfu=m.get("perf/mfu"),
+            varies=varies.get(run.run_id, ""),
+            reused=run.stands_in_for_job is not None,
             extra={k: v for k, v in sorted(m.items()) if k.startswith(OPTIONAL_PREFIXES)},
             error=run.tags.get(ERROR, ""),
         )

@@ -17,11 +17,12 @@ class ReportError(Exception):
 
 
 def find_sweep(client, sweep: str = "latest", experiment: str | None = None):
-    """The parent run of a sweep: ``latest`` (newest sweep, in ``experiment`` or in any
-    experiment), or a run id."""
+    """The parent run of a sweep and the newer sweeps passed over: ``latest`` is the newest
+    sweep (in ``experiment``, or in any experiment) that has runs to report: a sweep whose
+    jobs all failed before recording, or an interrupted launch, has none. Else a run id."""
     if sweep != "latest":
         try:
-            return client.get_run(sweep)
+            return client.get_run(sweep), []
         except Exception:
             raise ReportError(
                 f"--sweep {sweep}: no such run in this store: pass a sweep's parent run id "
@@ -34,42 +35,34 @@ def find_sweep(client, sweep: str = "latest", experiment: str | None = None):
         ids = [exp.experiment_id]
     else:
         ids = [e.experiment_id for e in client.search_experiments()]
-    runs = store.sweeps(client, ids, limit=1)
-    if not runs:
-        where = f"experiment {experiment}" if experiment else "this store"
-        raise ReportError(
-            f"no sweep in {where}: run one first, e.g. ampsweep train -m experiment=precision_sweep"
-        )
-    return runs[0]
+    passed_over = []
+    for parent in store.sweeps(client, ids, limit=100):
+        if store.skipped_jobs(parent) or store.children(client, parent):
+            return parent, passed_over
+        passed_over.append(parent)
+    where = f"experiment {experiment}" if experiment else "this store"
+    raise ReportError(
+        f"no sweep with runs in {where}: run one first, e.g. ampsweep train -m "
+        "experiment=precision_sweep"
+    )
 
 
 def load_sweep(client, parent) -> tuple[dict[str, str], list[RunData]]:
-    runs = store.children(client, parent)
+    """The sweep's runs: its children, and the earlier FINISHED runs that stood in for the
+    jobs a relaunch skipped (so the report of a relaunch is the whole sweep's)."""
+    runs = [(r, None) for r in store.children(client, parent)]
+    for job, run_id in store.skipped_jobs(parent).items():
+        run = store.find_run(client, run_id)
+        if run is not None:
+            runs.append((run, job))
     if not runs:
         raise ReportError(
             f"--sweep {parent.info.run_id}: run {parent.info.run_name} has no child runs: "
             "it is not a sweep's parent run"
         )
-    data = []
-    for r in runs:
-        history = {
-            key: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
-            for key in HISTORY_KEYS
-            if key in r.data.metrics
-        }
-        data.append(
-            RunData(
-                run_id=r.info.run_id,
-                name=r.info.run_name,
-                status=r.info.status,
-                params=dict(r.data.params),
-                tags=dict(r.data.tags),
-                metrics=dict(r.data.metrics),
-                history=history,
-            )
-        )
+    data = [_run_data(client, r, job) for r, job in runs]
     # Jobs are numbered by Hydra; order rows that way (start times tie in parallel launchers).
-    data.sort(key=lambda d: int(d.tags.get(store.JOB_NUM, "0") or 0))
+    data.sort(key=lambda d: int(d.stands_in_for_job or d.tags.get(store.JOB_NUM, "0") or 0))
     t = parent.data.tags
     sweep = {
         "run_id": parent.info.run_id,
@@ -81,6 +74,24 @@ def load_sweep(client, parent) -> tuple[dict[str, str], list[RunData]]:
     return sweep, data
 
 
+def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
+        for key in HISTORY_KEYS
+        if key in r.data.metrics
+    }
+    return RunData(
+        run_id=r.info.run_id,
+        name=r.info.run_name,
+        status=r.info.status,
+        params=dict(r.data.params),
+        tags=dict(r.data.tags),
+        metrics=dict(r.data.metrics),
+        history=history,
+        stands_in_for_job=stands_in_for_job,
+    )
+
+
 def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = "fp32") -> Report:
     rows = compute_rows(runs, baseline_mode)
     finished = [r for r in runs if r.status == store.FINISHED and r.tags.get(store.DEVICE)]
@@ -90,7 +101,7 @@ def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = "fp32") -
 
 
 def build_report(client, parent_run_id: str, baseline_mode: str = "fp32") -> Report:
-    parent = find_sweep(client, parent_run_id)
+    parent, _ = find_sweep(client, parent_run_id)
     sweep, runs = load_sweep(client, parent)
     return make_report(sweep, runs, baseline_mode)
 

@@ -33,6 +33,7 @@ JOB_NUM = "job_num"  # Hydra's job number in a sweep
 OVERRIDES = "overrides"
 REPRODUCES = "reproduces"  # the run a reproduction repeats
 ENDED_BY = "ended_by"  # who ended a run whose own process could not
+HOST, PID = "host", "pid"  # the process that trains a run (judged when it is gone)
 GIT_COMMIT, GIT_DIRTY = "git_commit", "git_dirty"
 AMPSWEEP_VERSION = "ampsweep_version"
 # Where a run happened (app.environment writes them; the report reads them back)
@@ -218,16 +219,14 @@ def sweeps(client, experiment_ids: list[str], status: str | None = None, limit: 
     )
 
 
-def running_children(client, experiment_id: str, parent_ids: list[str]) -> list:
-    """The RUNNING child runs of these parents."""
-    out = []
-    for parent_id in parent_ids:
-        out += client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.`{PARENT}` = '{parent_id}' and attributes.status = '{RUNNING}'",
-            max_results=10000,
-        )
-    return out
+def running_children(client, parent) -> list:
+    """A parent run's children that are still RUNNING."""
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT}` = '{parent.info.run_id}' and "
+        f"attributes.status = '{RUNNING}'",
+        max_results=10000,
+    )
 
 
 def skipped_jobs(parent) -> dict[str, str]:
