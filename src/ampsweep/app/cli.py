@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
     from ampsweep.app import reproduce
+    from ampsweep.precision.modes import BASELINE
 
     reproduce.add_parser(sub)
     store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
@@ -44,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--wide", action="store_true", help="every column in the table (default: fits 100 columns)"
     )
-    rep.add_argument("--baseline", default="fp32", help="the mode to compare with (default fp32)")
+    rep.add_argument(
+        "--baseline", default=BASELINE, help=f"the mode to compare with (default {BASELINE})"
+    )
     rep.add_argument("--tracking-uri", help=store_help)
     rep.set_defaults(func=cmd_report)
     ui = sub.add_parser("ui", help="open the MLflow UI over ampsweep's store")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 AUTO = "auto"  # resolved at run time from the hardware (see ``auto_mode``)
+BASELINE = "fp32"  # what the report compares every mode with, unless told otherwise
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 
 from ampsweep.precision import modes
+from ampsweep.precision.modes import BASELINE
 from ampsweep.report.model import Row, is_number
 from ampsweep.tracking.store import FINISHED
 
@@ -53,7 +54,7 @@ def _pts(delta: float) -> str:
     return f"{delta * 100:+.1f} points"
 
 
-def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32") -> list[str]:
+def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = BASELINE) -> list[str]:
     """Plain-language conclusions, each with the numbers behind it."""
     out = [f"Device: {describe_device(device)}."]
     done = [r for r in rows if r.status == FINISHED]

@@ -6,6 +6,7 @@ sweep whose config differs from it only in ``precision.*``.
 
 from __future__ import annotations
 
+from ampsweep.precision.modes import BASELINE
 from ampsweep.report.model import Row, RunData, is_number
 from ampsweep.tracking.store import DATASET, ERROR, FINISHED, JOB_NUM, MODEL
 
@@ -44,7 +45,7 @@ def find_baseline(run: RunData, runs: list[RunData], mode: str) -> RunData | Non
     return None
 
 
-def compute_rows(runs: list[RunData], baseline_mode: str = "fp32") -> list[Row]:
+def compute_rows(runs: list[RunData], baseline_mode: str = BASELINE) -> list[Row]:
     rows = []
     varies = varying(runs) if len(runs) > 1 else {}
     for run in runs:

@@ -3,6 +3,7 @@ to its parent run (report.md/.csv/.json, the charts, the headline numbers as met
 
 from __future__ import annotations
 
+from ampsweep.precision.modes import BASELINE
 from ampsweep.report.findings import findings
 from ampsweep.report.model import Report, RunData
 from ampsweep.report.render import to_csv, to_json, to_markdown
@@ -92,7 +93,7 @@ def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
     )
 
 
-def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = "fp32") -> Report:
+def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = BASELINE) -> Report:
     rows = compute_rows(runs, baseline_mode)
     finished = [r for r in runs if r.status == store.FINISHED and r.tags.get(store.DEVICE)]
     source = (finished or [r for r in runs if r.tags.get(store.DEVICE)] or runs)[0].tags
@@ -100,7 +101,7 @@ def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = "fp32") -
     return Report(sweep, device, baseline_mode, rows, findings(rows, device, baseline_mode), runs)
 
 
-def build_report(client, parent_run_id: str, baseline_mode: str = "fp32") -> Report:
+def build_report(client, parent_run_id: str, baseline_mode: str = BASELINE) -> Report:
     parent, _ = find_sweep(client, parent_run_id)
     sweep, runs = load_sweep(client, parent)
     return make_report(sweep, runs, baseline_mode)
