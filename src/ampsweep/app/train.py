@@ -113,6 +113,8 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     if code:
         return code
     code = _check_nproc(configs, overrides, multirun, rank)
+    if code is None and multirun:
+        code = _check_launcher(overrides, configs, conf, name)
     if code is not None:
         return code
     nproc = configs[0].trainer.nproc
@@ -152,6 +154,20 @@ def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | N
             "trainer.nproc processes per job, or run single jobs with trainer.nproc"
         )
         return 2
+    return None
+
+
+def _check_launcher(overrides: list[str], configs, conf: Path, name: str) -> int | None:
+    """A sweep through SLURM is checked against the cluster before its parent run exists."""
+    from ampsweep.app import slurm
+
+    try:
+        notes = slurm.check_sweep(overrides, configs, conf, name)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2
+    for note in notes:
+        console.errors.print(f"note: {note}", markup=False, soft_wrap=True)
     return None
 
 
@@ -195,10 +211,12 @@ def run_hydra(args: list[str], command: CommandContext) -> int:
     code of Hydra itself (its own errors are printed by Hydra)."""
     import hydra
 
+    from ampsweep.app import launcher
     from ampsweep.config.compose import config_dir
     from ampsweep.config.schema import register_configs
 
     register_configs()
+    launcher.register()
     main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(
         TaskFunction(command)
     )

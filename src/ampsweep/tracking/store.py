@@ -30,6 +30,7 @@ ERROR = "error"  # why a run failed, in one line
 PREVIOUS_ERROR = "previous_error"  # why a resumed run had stopped before
 DIVERGED = "diverged"
 JOB_NUM = "job_num"  # Hydra's job number in a sweep
+CLUSTER_JOB = "slurm_job_id"  # the SLURM job that trains the run (``12_3``: array task 3)
 OVERRIDES = "overrides"
 REPRODUCES = "reproduces"  # the run a reproduction repeats
 ENDED_BY = "ended_by"  # who ended a run whose own process could not
@@ -202,6 +203,18 @@ def children(client, parent) -> list:
         max_results=10000,
         order_by=["attributes.start_time ASC"],
     )
+
+
+def run_of_cluster_job(client, parent, job_id: str):
+    """The child run of a sweep that SLURM job ``job_id`` trains (or trained), or None."""
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT}` = '{parent.info.run_id}' and "
+        f"tags.`{CLUSTER_JOB}` = '{job_id}'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    return runs[0] if runs else None
 
 
 def sweeps(client, experiment_ids: list[str], status: str | None = None, limit: int = 1000):

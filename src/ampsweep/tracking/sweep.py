@@ -133,6 +133,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def end_lost_job(info: SweepInfo, job_id: str, status: str, why: str):
+    """A cluster job of the sweep ended without a result (cancelled, killed, its node lost):
+    end its run with ``status`` if it is still RUNNING (a job killed before it could end the
+    run itself), tagging why and who ended it. Returns the run (None: the job recorded none)."""
+    client = store.client_for(info.uri)
+    run = store.run_of_cluster_job(client, client.get_run(info.parent_run_id), job_id)
+    if run is None or run.info.status != store.RUNNING:
+        return run
+    client.log_batch(
+        run.info.run_id,
+        tags=[RunTag(store.ERROR, why), RunTag(store.ENDED_BY, "the sweep's launcher")],
+    )
+    client.set_terminated(run.info.run_id, status=status)
+    return client.get_run(run.info.run_id)
+
+
 def record_skip(info: SweepInfo, job_num: int | None, run_id: str) -> None:
     """A job skipped because its identical config already FINISHED: the parent of this launch
     names the run that stands in for it (the run itself stays under the sweep that made it)."""
