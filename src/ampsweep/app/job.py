@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ampsweep.app import console
+from ampsweep.app import console, slurm
 from ampsweep.config.compose import flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
@@ -95,23 +95,37 @@ class TaskFunction:
 
 
 class StopRequest:
-    """SIGTERM / Ctrl-C while a job runs.
+    """SIGTERM / Ctrl-C while a job runs, and the scheduler's warning before it preempts a
+    job or the job reaches its time limit.
 
     While the training loop runs (``deferred``), the first signal only sets ``requested``: the
     loop sees it at the next step boundary, writes a checkpoint and raises Interrupted, so a
     signal never lands in the middle of an optimizer update. Elsewhere, or on a second signal,
-    it raises KeyboardInterrupt at once. The job then ends KILLED and the command exits non-zero.
+    SIGTERM / Ctrl-C raise KeyboardInterrupt at once. The job then ends KILLED and the command
+    exits non-zero.
+
+    ``requeue_signal`` (in a submitit SLURM job: USR2, which SLURM sends ``signal_delay_s``
+    before the time limit or a preemption) is always deferred: the job stops at its next step
+    boundary with a checkpoint (the first one, if it comes before training), its run ends
+    KILLED, and ``hand_over`` gives the job back to submitit, which requeues it; the requeued
+    job resumes the run from the checkpoint. Only rank 0 takes it, as only rank 0 requeues.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, requeue_signal: signal.Signals | None = None) -> None:
         self.requested = False
+        self.requeue = False  # the scheduler will stop the job: checkpoint and requeue
         self.deferring = False
+        self.requeue_signal = requeue_signal
         self._previous: dict = {}
+        self._submitit_handler = None
 
     def install(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            if self.requeue_signal is not None:
+                previous = signal.signal(self.requeue_signal, self._handle_requeue)
+                self._previous[self.requeue_signal] = self._submitit_handler = previous
         return self
 
     def uninstall(self) -> None:
@@ -126,6 +140,29 @@ class StopRequest:
             console.error(f"{name}: stopping after this step, with a checkpoint")
             return
         raise KeyboardInterrupt(name)
+
+    def _handle_requeue(self, signum, frame) -> None:
+        if not self.requeue:
+            console.error(
+                f"{signal.Signals(signum).name}: SLURM will stop this job (preemption or its "
+                "time limit): stopping after this step with a checkpoint, to be requeued"
+            )
+        self.requeue = self.requested = True
+
+    def hand_over(self) -> str | None:
+        """After the job stopped for the requeue signal: submitit's own handler pickles the
+        task again, requeues the job (``scontrol requeue``) and exits (SystemExit). When it
+        will not requeue (``max_num_timeout`` time limits reached) it says why: returned."""
+        from submitit.core.utils import UncompletedJobError
+
+        handler = self._submitit_handler
+        if not callable(handler):
+            return "no submitit handler to requeue the job"
+        try:
+            handler(self.requeue_signal, None)
+        except UncompletedJobError as err:
+            return str(err)
+        return None
 
     @contextlib.contextmanager
     def deferred(self):
@@ -191,7 +228,7 @@ class Job:
             self.sweep = in_dir or SweepInfo.from_sweep_dir(ctx.sweep_dir)
         self.name = "job"
         self.recorder = NullRecorder()
-        self.stop = StopRequest()
+        self.stop = StopRequest(slurm.requeue_signal() if rank.is_main else None)
 
     # ---------------------------------------------------------------- the phases
 
@@ -201,17 +238,41 @@ class Job:
         try:
             outcome = self._phases()
         except KeyboardInterrupt as err:
-            self.recorder.end(store.KILLED, error=f"interrupted ({err or 'KeyboardInterrupt'})")
-            self._done(JobOutcome(self.name, store.KILLED, self.recorder.run_id,
-                                  exit_code=EXIT_KILLED))  # fmt: skip
-            raise
+            outcome = self._stopped(err)
+            # (SIGTERM first and the requeue signal just after is how some clusters preempt.)
+            if not self.stop.requeue:
+                self._done(outcome)
+                raise
         except Exception as err:  # every failure becomes one line and a FAILED run
             outcome = self._failed(err)
         finally:
             self.stop.uninstall()
+        if outcome.status == store.KILLED and self.stop.requeue:
+            outcome = self._requeue(outcome)  # exits here when submitit requeues the job
         self._done(outcome)
-        if self.stop.requested:  # the signal came after the last step: it finished; stop here
+        if self.stop.requested and not self.stop.requeue:
+            # the signal came after the last step: it finished; stop here
             raise KeyboardInterrupt("SIGTERM after the last step")
+        return outcome
+
+    def _stopped(self, err: KeyboardInterrupt) -> JobOutcome:
+        """The run ends KILLED: interrupted, or (when SLURM is about to stop the job) until
+        the requeued job resumes it from the checkpoint it just wrote."""
+        why = f"interrupted ({err or 'KeyboardInterrupt'})"
+        if self.stop.requeue:
+            why = f"stopped for SLURM's requeue signal ({err}): requeued, resumes from there"
+        self.recorder.end(store.KILLED, error=why)
+        return JobOutcome(self.name, store.KILLED, self.recorder.run_id, error=why,
+                          exit_code=EXIT_KILLED)  # fmt: skip
+
+    def _requeue(self, outcome: JobOutcome) -> JobOutcome:
+        """Give the job back to submitit, which requeues it and exits this process. If it
+        will not requeue, the run stays KILLED and says why (a relaunch resumes it)."""
+        refusal = self.stop.hand_over()
+        outcome.error = f"not requeued: {refusal}"
+        console.error(f"{self.name}: {outcome.error}")
+        if self.recorder.run_id is not None:
+            self.recorder.client.set_tag(self.recorder.run_id, store.ERROR, outcome.error)
         return outcome
 
     def _phases(self) -> JobOutcome:
@@ -443,6 +504,7 @@ class Job:
             tags["resumed_run_dir"] = str(self.ctx.output_dir.resolve())
         if self.sweep:  # a relaunched sweep: the run now belongs to this launch's parent
             tags[store.PARENT] = self.sweep.parent_run_id
+        tags.update(_cluster_job_tag())  # a requeued or relaunched SLURM job continues it
         old_error = run.data.tags.get(store.ERROR)
         if old_error:  # the run is alive again: keep why it stopped, under another name
             tags[store.PREVIOUS_ERROR] = old_error
@@ -469,7 +531,14 @@ class Job:
         if self.ctx.job_num is not None:
             tags[store.JOB_NUM] = str(self.ctx.job_num)
         tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
-        return tags
+        return {**tags, **_cluster_job_tag()}
+
+
+def _cluster_job_tag() -> dict[str, str]:
+    """The SLURM job training the run: what the sweep's launcher follows (and ends the run
+    of, if the job dies without ending it), and what ``sacct -j`` or ``scontrol`` take."""
+    job_id = slurm.job_id_from_env()
+    return {store.CLUSTER_JOB: job_id} if job_id else {}
 
 
 def _drop_unused_run_dir(ctx: JobContext) -> None:

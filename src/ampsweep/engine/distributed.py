@@ -53,7 +53,16 @@ def current() -> Rank:
 def export_submitit_env() -> None:
     """Inside a submitit task array (hydra/launcher=submitit_* with tasks_per_node > 1), set
     the torchrun variables from the job environment so each task is one rank."""
-    if "WORLD_SIZE" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and "OMP_NUM_THREADS" not in os.environ:
+        # A task uses the CPUs SLURM gave it (hydra.launcher.cpus_per_task), as torchrun
+        # limits its workers: without binding, torch would take every core of the node.
+        os.environ["OMP_NUM_THREADS"] = cpus
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(cpus))
+    if "WORLD_SIZE" in os.environ:
         return
     try:
         from submitit.helpers import TorchDistributedEnvironment
