@@ -11,6 +11,7 @@ import contextlib
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -40,13 +41,14 @@ def quiet_unless_main(is_main: bool):
 
 
 def error(message: str) -> None:
-    """One line on stderr, no traceback."""
-    errors.print(f"[bold red]error:[/] {message}", markup=True)
+    """One line on stderr, no traceback. The message is plain text: brackets in it (a fix such
+    as pip install 'ampsweep[cluster]', a list of overrides) are not markup."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", markup=True)
 
 
 def note(message: str) -> None:
-    """A remark on stderr that does not change the outcome."""
-    errors.print(f"[dim]note:[/] {message}", markup=True)
+    """A remark on stderr that does not change the outcome (plain text, as for error)."""
+    errors.print(f"[dim]note:[/] {escape(message)}", markup=True)
 
 
 def progress_bar(wanted: bool):

@@ -16,6 +16,7 @@ Nothing here imports torch or MLflow: it runs before a sweep starts and while it
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 import re
@@ -29,6 +30,7 @@ from pathlib import Path
 from ampsweep.config.schema import ConfigError
 
 COMMANDS = ("sbatch", "sinfo", "squeue", "scancel")
+SUBMITIT_PLUGIN = "hydra_plugins.hydra_submitit_launcher"
 LOCAL_LAUNCHER = "hydra/launcher=ampsweep_local"
 QUERY_TIMEOUT_S = 30
 # Job states after which a job runs no more (squeue -t all). A requeued job passes through
@@ -402,14 +404,16 @@ def mount_of(path: Path, mountinfo: str | None = None) -> tuple[str, str]:
     return best
 
 
-def _check_shared(paths: dict[str, Path], part: Partition) -> list[str]:
+def _check_shared(
+    paths: dict[str, Path], part: Partition, mountinfo: str | None = None
+) -> list[str]:
     remote = remote_nodes(part)
     if not remote:
         return []  # the jobs run on this machine: every file system is shared with them
     shown = ", ".join(remote[:4]) + (", ..." if len(remote) > 4 else "")
     notes = []
     for key, path in paths.items():
-        point, fstype = mount_of(path)
+        point, fstype = mount_of(path, mountinfo)
         if fstype in LOCAL_ONLY_FS:
             fix = (
                 "use a tracking server (tracking.uri=http://...) or a store on a shared file system"
@@ -443,7 +447,16 @@ def check_sweep(overrides: list[str], configs: list, conf: Path, config_name: st
     from ampsweep.engine.checkpoint import root_of
     from ampsweep.tracking import store
 
-    cfg = compose(expand_sweep(overrides)[0], conf, config_name, return_hydra_config=True)
+    try:
+        cfg = compose(expand_sweep(overrides)[0], conf, config_name, return_hydra_config=True)
+    except ConfigError as err:
+        if "submitit" in str(err) and importlib.util.find_spec(SUBMITIT_PLUGIN) is None:
+            given = [o for o in overrides if o.startswith("hydra/launcher=")]
+            raise ConfigError(
+                f"{given[-1] if given else 'hydra/launcher'}: Hydra's submitit launcher is not "
+                "installed: pip install 'ampsweep[cluster]' (hydra-submitit-launcher)"
+            ) from None
+        raise
     launcher = cfg.hydra.launcher
     if not is_slurm_launcher(OmegaConf.select(launcher, "_target_")):
         return []
