@@ -271,3 +271,54 @@ def test_without_a_requeue_signal_usr2_is_left_alone(submitit_handler):
         assert signal.getsignal(signal.SIGUSR2) is submitit_handler
     finally:
         stop.uninstall()
+
+
+def test_a_job_told_to_requeue_checkpoints_ends_killed_hands_over_and_resumes_into_its_run(
+    store, tmp_path, monkeypatch, submitit_handler, quick
+):
+    """In-process, as in a SLURM job: SLURM's requeue signal arrives before the first step;
+    the job stops after it with a checkpoint, ends its run KILLED and hands over to submitit
+    (which requeues and exits); when submitit refuses (time limits used up) the run says so;
+    the next start resumes the run to FINISHED."""
+    from mlflow import MlflowClient
+
+    from ampsweep.app import environment
+    from ampsweep.app.job import run_job
+    from ampsweep.config.compose import load
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(slurm, "requeue_signal", lambda environ=None: signal.SIGUSR2)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    tags_of = environment.run_tags
+
+    def signalled(device):  # called as training starts: SLURM's warning comes now
+        os.kill(os.getpid(), signal.SIGUSR2)
+        return tags_of(device)
+
+    monkeypatch.setattr(environment, "run_tags", signalled)
+    cfg = load([*quick, "trainer.resume=auto", f"trainer.checkpoint_dir={tmp_path / 'c'}",
+                f"tracking.uri={store}"])  # fmt: skip
+    with pytest.raises(SystemExit):  # submitit requeued the job and exits
+        run_job(cfg)
+    client = MlflowClient(store)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED" and run.data.tags["slurm_job_id"] == "77"
+    assert run.data.tags["error"].startswith(
+        "stopped for SLURM's requeue signal (stopped at step 1, checkpoint "
+    )
+    assert submitit_handler.calls == [signal.SIGUSR2]
+
+    submitit_handler.refuse = True  # the requeued job is signalled again, at its time limit
+    outcome = run_job(cfg)
+    assert outcome.status == "KILLED" and outcome.run_id == run.info.run_id
+    refusal = "not requeued: Job not requeued because: timed-out too many times."
+    assert outcome.error == refusal
+    assert client.get_run(run.info.run_id).data.tags["error"] == refusal
+
+    monkeypatch.setattr(environment, "run_tags", tags_of)  # a relaunch, left alone
+    outcome = run_job(cfg)
+    run = client.get_run(run.info.run_id)
+    assert outcome.status == run.info.status == "FINISHED"
+    assert run.data.tags["resumed_at_step"] == "2"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps) == [2, 4, 6]  # each log step once, across three starts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -416,3 +417,34 @@ def test_a_sweep_slurm_cannot_run_is_refused_in_one_line_before_anything_is_reco
     assert not (tmp_path / "outputs" / "multirun").exists()  # nothing submitted
     monkeypatch.setenv("PATH", path)
     assert slurm_cluster.run("squeue", "-h").strip() == ""
+
+
+def test_ctrl_c_on_the_sweep_cancels_its_jobs_which_end_their_runs_killed(
+    slurm_cluster,  # noqa: F811
+    tracking_server,
+    tmp_path,
+):
+    exp = "slurm-interrupt"
+    args = [*ON_THIS_CLUSTER, *LONG, f"trainer.checkpoint_dir={tmp_path / 'ckpt'}",
+            f"tracking.uri={tracking_server}", f"tracking.experiment={exp}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **_env(slurm_cluster)}
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "ampsweep", "train", "-m", *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _wait_for("the job's first checkpoint", lambda: list(tmp_path.glob("ckpt/*/*/step-*.pt")))
+        sweep.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 130, err[-3000:] + _logs(tmp_path)
+    assert "interrupted: cancelling SLURM job(s)" in err
+    client, parents, kids = _runs(tracking_server, exp)
+    assert len(parents) == len(kids) == 1
+    assert parents[0].info.status == "KILLED" and parents[0].data.tags["jobs_killed"] == "1"
+    run = kids[0]
+    assert run.info.status == "KILLED"
+    assert "interrupted (stopped at step" in run.data.tags["error"]  # with a checkpoint
+    assert _job_state(slurm_cluster, run.data.tags[JOB])["JobState"] == "CANCELLED"
