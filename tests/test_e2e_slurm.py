@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -99,13 +99,26 @@ def tracking_server(tmp_path_factory):
 
 
 def _env(cluster) -> dict[str, str]:
-    return {**cluster.env, "OMP_NUM_THREADS": "1"}
+    """The command's environment, which SLURM passes on to the jobs. No OMP_NUM_THREADS: a
+    job's processes take their thread count from hydra.launcher.cpus_per_task."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MLFLOW_TRACKING_URI")
+    }
+    return {**env, "PYTHONPATH": str(REPO / "src"), **cluster.env}
 
 
-def _train(cluster, tmp_path: Path, *args: str):
-    return run_cli(
-        ["train", "-m", *ON_THIS_CLUSTER, *args], tmp_path, env=_env(cluster), timeout=300
-    )
+def _start(cluster, tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ampsweep", "train", "-m", *ON_THIS_CLUSTER, *args], cwd=tmp_path,
+        env=_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _train(cluster, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ampsweep", "train", "-m", *ON_THIS_CLUSTER, *args], cwd=tmp_path,
+        env=_env(cluster), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 def _logs(tmp_path: Path) -> str:
@@ -163,6 +176,7 @@ def test_sweep_is_one_parent_run_with_a_child_per_slurm_job_and_the_report(
         assert kid.info.status == "FINISHED"
         assert [s for s, _ in _history(client, kid)] == [2, 4, 6]  # each log step once
         assert kid.info.artifact_uri.startswith("mlflow-artifacts:")  # through the server
+        assert kid.data.tags["cpu_threads"] == "1"  # hydra.launcher.cpus_per_task=1
         # SLURM itself ran it to completion
         assert _job_state(slurm_cluster, kid.data.tags[JOB])["JobState"] == "COMPLETED"
     # the report, printed at the end and logged to the parent
@@ -265,14 +279,10 @@ def test_preempted_job_requeues_into_its_run_a_cancelled_one_ends_killed_and_a_r
 ):
     ckpt = tmp_path / "ckpt"
     exp = "slurm-preempt"
-    args = [*ON_THIS_CLUSTER, *LONG, "tracking.run_name=preempted,cancelled",
+    args = [*LONG, "tracking.run_name=preempted,cancelled",
             f"trainer.checkpoint_dir={ckpt}", f"tracking.uri={tracking_server}",
             f"tracking.experiment={exp}"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **_env(slurm_cluster)}
-    sweep = subprocess.Popen(
-        [sys.executable, "-m", "ampsweep", "train", "-m", *args],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    sweep = _start(slurm_cluster, tmp_path, *args)
     try:
         from mlflow import MlflowClient
 
@@ -335,7 +345,7 @@ def test_preempted_job_requeues_into_its_run_a_cancelled_one_ends_killed_and_a_r
     assert [s for s, _ in _history(client, run)] == [s for s in steps if s <= stopped_at]
 
     # Relaunching the sweep skips the job that finished and resumes the cancelled one.
-    proc = run_cli(["train", "-m", *args], tmp_path, env=_env(slurm_cluster), timeout=300)
+    proc = _train(slurm_cluster, tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-3000:] + _logs(tmp_path)
     assert "preempted skipped" in proc.stdout.replace("\n", " ")
     client, parents, kids = _runs(tracking_server, exp)
@@ -425,13 +435,9 @@ def test_ctrl_c_on_the_sweep_cancels_its_jobs_which_end_their_runs_killed(
     tmp_path,
 ):
     exp = "slurm-interrupt"
-    args = [*ON_THIS_CLUSTER, *LONG, f"trainer.checkpoint_dir={tmp_path / 'ckpt'}",
+    args = [*LONG, f"trainer.checkpoint_dir={tmp_path / 'ckpt'}",
             f"tracking.uri={tracking_server}", f"tracking.experiment={exp}"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **_env(slurm_cluster)}
-    sweep = subprocess.Popen(
-        [sys.executable, "-m", "ampsweep", "train", "-m", *args],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    sweep = _start(slurm_cluster, tmp_path, *args)
     try:
         _wait_for("the job's first checkpoint", lambda: list(tmp_path.glob("ckpt/*/*/step-*.pt")))
         sweep.send_signal(signal.SIGINT)  # Ctrl-C
