@@ -77,6 +77,8 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    if "mode" in launcher.config.hydra.sweep:  # hydra.sweep.mode, as Hydra's launcher honours it
+        sweep_dir.chmod(int(str(launcher.config.hydra.sweep.mode), 8))
     executor = _executor(launcher)
     params = []
     for idx, overrides in enumerate(job_overrides):

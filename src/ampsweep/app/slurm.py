@@ -11,7 +11,8 @@ share on a file system only this machine sees. Everything is asked of SLURM's ow
 ``job_states`` follows jobs with ``squeue`` rather than ``sacct``: it answers on clusters
 without accounting (no slurmdbd) too, and a job squeue no longer lists has ended.
 
-Nothing here imports torch or MLflow: it runs before a sweep starts and while it waits.
+Importing this module costs nothing (no torch, no MLflow): it runs inside every job (the
+requeue signal) and while a sweep waits. ``check_sweep`` imports what it needs when called.
 """
 
 from __future__ import annotations
