@@ -288,23 +288,22 @@ def test_preempted_job_requeues_into_its_run_a_cancelled_one_ends_killed_and_a_r
 
         client = MlflowClient(tracking_server)
 
-        def training():  # both runs exist and have written their first checkpoint
-            e = client.get_experiment_by_name(exp)
-            runs = client.search_runs([e.experiment_id]) if e else []
-            named = {r.info.run_name: r for r in runs if JOB in r.data.tags}
-            folders = {n: r.data.tags.get("checkpoint_dir") for n, r in named.items()}
-            if len(named) == 2 and all(
-                f and list(Path(f).glob("step-*.pt")) for f in folders.values()
-            ):
-                return named
-            return None
-
-        named = _wait_for("both jobs to write a checkpoint", training)
-        preempted, cancelled = named["preempted"].data.tags[JOB], named["cancelled"].data.tags[JOB]
         # What SLURM sends signal_delay_s before a job's time limit (and, where configured,
-        # before preempting it): the job checkpoints and submitit requeues it.
-        slurm_cluster.run("scancel", "--signal=USR2", preempted)
-        slurm_cluster.run("scancel", cancelled)
+        # before preempting it): the job checkpoints and submitit requeues it. And scancel.
+        signals = {"preempted": ["--signal=USR2"], "cancelled": []}
+        job_of = {}
+
+        def signal_each_once_training():  # after its first checkpoint, mid-training
+            e = client.get_experiment_by_name(exp)
+            for run in client.search_runs([e.experiment_id]) if e else []:
+                name, folder = run.info.run_name, run.data.tags.get("checkpoint_dir")
+                if name in signals and folder and list(Path(folder).glob("step-*.pt")):
+                    job_of[name] = run.data.tags[JOB]
+                    slurm_cluster.run("scancel", *signals.pop(name), job_of[name])
+            return not signals
+
+        _wait_for("both jobs to write a checkpoint", signal_each_once_training)
+        preempted, cancelled = job_of["preempted"], job_of["cancelled"]
         out, err = sweep.communicate(timeout=300)
     finally:
         if sweep.poll() is None:
