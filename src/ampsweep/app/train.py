@@ -167,7 +167,7 @@ def _check_launcher(overrides: list[str], configs, conf: Path, name: str) -> int
         console.error(str(err))
         return 2
     for note in notes:
-        console.errors.print(f"note: {note}", markup=False, soft_wrap=True)
+        console.note(note)
     return None
 
 
