@@ -4,7 +4,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup_venv.sh dev,cluster
+scripts/setup_venv.sh dev,cluster,fp8
 .venv/bin/ruff check src tests scripts
 .venv/bin/ruff format --check src tests scripts
 .venv/bin/lint-imports  # the package's layers and no import cycles (pyproject.toml)
