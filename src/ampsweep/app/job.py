@@ -353,6 +353,7 @@ class Job:
         tags = run_tags(setup.device)
         tags.update({f"data.{k}": str(v) for k, v in setup.dataset_info.items()})
         tags["model.num_params"] = str(setup.num_params)
+        tags.update(store.fp8_tags(setup.fp8.converted, setup.fp8.kept, setup.fp8.emulated))
         recorder.set_tags(tags)
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = checkpoint.folder_for(cfg, recorder.run_id)
@@ -381,6 +382,8 @@ class Job:
         if recorder.run_id is not None:
             recorder.log_json(summary, "summary.json")
             setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
+            if setup.fp8.recipe:  # every Linear layer, converted or why not
+                recorder.log_json(setup.fp8.table(), store.FP8_LAYERS_ARTIFACT)
             hydra_dir = self.ctx.output_dir / ".hydra" if self.ctx.output_dir else None
             if hydra_dir and hydra_dir.is_dir():
                 recorder.log_artifact(hydra_dir, ".hydra")

@@ -168,6 +168,17 @@ class DiagnosticsConfig:
     per_layer: bool = True  # write a per-layer table artifact at the end of the run
 
 
+@dataclass
+class SweepConfig:
+    """How a sweep (``-m``) runs each of its configurations. The command reads it, when it
+    expands the sweep into jobs; a job is one run and records the seed it ran with, so this
+    section is not part of a run's ``Config``."""
+
+    # Runs of every configuration, with seeds trainer.seed, trainer.seed + 1, ...: the report
+    # then gives each mode's mean with a 95% confidence interval, paired by seed with fp32.
+    repeats: int = 1
+
+
 # ---------------------------------------------------------------- root
 
 
@@ -194,6 +205,7 @@ class Schema:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)  # the command's, not a run's
 
 
 @dataclass
@@ -265,6 +277,13 @@ def validate(cfg: Config) -> list[str]:
             "positive std (one value per channel, or both empty for the data set's own)"
         )
     p.extend(modes.problems(cfg.precision))
+    mode = modes.get(cfg.precision.name)
+    if mode is not None and mode.fp8 and cfg.precision.fp8.emulate and t.compile:
+        p.append(
+            f"precision.fp8.emulate=true cannot run with trainer.compile=true "
+            f"(precision={mode.name}): torchao's fp8 emulation does not compile: drop "
+            "trainer.compile for an emulated run (compile is for real fp8 on a GPU)"
+        )
     if cfg.tracking.metrics_flush_every < 0:
         p.append(f"tracking.metrics_flush_every={cfg.tracking.metrics_flush_every} must be >= 0")
     if not cfg.tracking.metrics_flush_seconds >= 0:

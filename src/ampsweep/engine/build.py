@@ -18,6 +18,7 @@ import torch
 from ampsweep.config.schema import Config, ConfigError, Device
 from ampsweep.engine import components, data, distributed, models, optim
 from ampsweep.engine.data.batches import Augment, Batches
+from ampsweep.engine.fp8 import Conversion, check_fp8, convert_fp8
 from ampsweep.measure.diagnostics import Diagnostics
 from ampsweep.measure.memory import reset_peak_memory
 from ampsweep.precision.policy import PrecisionPolicy, build_policy
@@ -62,6 +63,7 @@ class Setup:
     num_params: int
     dataset_info: dict = field(default_factory=dict)
     diagnostics: Diagnostics = field(default_factory=Diagnostics)  # off unless configured
+    fp8: Conversion = field(default_factory=Conversion)  # the layers an fp8 mode converted
 
 
 def resolve(cfg: Config) -> Config:
@@ -116,6 +118,10 @@ def build(cfg: Config) -> Setup:
     model = models.build_model(cfg.model, splits.input_shape, splits.num_classes)
     num_params = models.count_parameters(model)
     model = policy.prepare_model(model.to(device))
+    conversion = Conversion()
+    if policy.mode.fp8:  # before the optimizer is built: converted layers are new modules
+        x, _ = next(iter(train_batches.epoch(0)))
+        conversion = convert_fp8(model, policy.mode, policy.fp8, x, cfg.model.name)
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
@@ -144,4 +150,39 @@ def build(cfg: Config) -> Setup:
             "preload": preload,
         },
         diagnostics=Diagnostics(cfg.diagnostics, t.loss_multiplier / t.grad_accum_steps),
+        fp8=conversion,
     )
+
+
+def preflight(configs: list[Config]) -> None:
+    """Refuse, before anything runs or is recorded, the configs that would fail only once
+    built: an fp8 mode this machine or installation cannot run (an fp8 mode's refusal is the
+    command's mistake, fixed by a flag or an install, not one job's hardware), or a model with
+    no Linear layer fp8 can take. The model is built on the meta device: no memory, no compute.
+    Raises ConfigError."""
+    from ampsweep.precision import modes
+
+    samples_of: dict[str, torch.Tensor] = {}
+    for cfg in configs:
+        mode = modes.get(cfg.precision.name)
+        if mode is None or not mode.fp8:
+            continue
+        cfg = components.resolve(cfg)
+        build_policy(cfg.precision, select_device(cfg.trainer.device))
+        key = repr(cfg.dataset)
+        if key not in samples_of:
+            splits = data.load(cfg.dataset)
+            samples_of[key] = (_two_samples(splits), splits.input_shape, splits.num_classes)
+        samples, shape, classes = samples_of[key]
+        with torch.device("meta"):
+            model = models.build_model(cfg.model, shape, classes)
+        check_fp8(model, samples, mode, cfg)
+
+
+def _two_samples(splits) -> torch.Tensor:
+    """Two training inputs, as a batch (their values do not matter: only shapes are traced)."""
+    if splits.in_memory:
+        x = splits.train[0][:2]
+    else:
+        x = torch.stack([torch.as_tensor(splits.train[i][0]) for i in range(2)])
+    return x.float() if x.dtype == torch.uint8 else x

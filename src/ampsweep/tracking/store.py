@@ -49,6 +49,12 @@ DEVICE_TAGS = (
     CUDA_VERSION,
 )  # fmt: skip
 
+# fp8 modes: which nn.Linear layers were converted (names, comma-separated), which were kept
+# (every layer and why: the fp8_layers.json artifact), whether it was torchao's emulation.
+FP8_CONVERTED, FP8_KEPT, FP8_EMULATED = "fp8.converted", "fp8.kept", "fp8.emulated"
+FP8_LAYERS_ARTIFACT = "fp8_layers.json"
+CAPACITY = "ampsweep.capacity"  # "true" on a run of ``ampsweep capacity`` (a batch search)
+
 # Tags of a sweep's parent run
 SWEEP = "ampsweep.sweep"  # "true" on a sweep's parent run
 SWEEP_DIR, COMMAND = "sweep_dir", "command"
@@ -246,6 +252,17 @@ def skipped_jobs(parent) -> dict[str, str]:
     """Job number -> the FINISHED run that stood in for it, from a relaunch's parent run."""
     tags = parent.data.tags
     return {k[len(SKIPPED_PREFIX) :]: v for k, v in tags.items() if k.startswith(SKIPPED_PREFIX)}
+
+
+def fp8_tags(converted: list[str], kept: list[str], emulated: bool) -> dict[str, str]:
+    """The tags of a run whose fp8 mode converted ``converted`` (none for other modes)."""
+    if not converted:
+        return {}
+    return {
+        FP8_CONVERTED: ",".join(converted)[:MAX_TAG_CHARS],
+        FP8_KEPT: ",".join(kept)[:MAX_TAG_CHARS],
+        FP8_EMULATED: str(emulated).lower(),
+    }
 
 
 def one_line(err: BaseException) -> str:
