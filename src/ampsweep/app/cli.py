@@ -1,4 +1,4 @@
-"""The ``ampsweep`` command: train, report, reproduce, ui.
+"""The ``ampsweep`` command: train, report, reproduce, capacity, ui.
 
 Kept light at import time: torch and mlflow are imported only by the subcommands that need
 them, so ``--help`` and config errors answer at once.
@@ -22,10 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    from ampsweep.app import reproduce
+    from ampsweep.app import capacity, reproduce
     from ampsweep.precision.modes import BASELINE
 
     reproduce.add_parser(sub)
+    capacity.add_parser(sub)
     store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
     rep = sub.add_parser(
         "report",
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument(
         "--baseline", default=BASELINE, help=f"the mode to compare with (default {BASELINE})"
+    )
+    rep.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="the largest batch each mode fits in this memory, e.g. 80GiB (default on CUDA: "
+        "the GPU's memory; on a CPU: no max batch column)",
     )
     rep.add_argument("--tracking-uri", help=store_help)
     rep.set_defaults(func=cmd_report)
@@ -83,7 +90,7 @@ def _open_store(uri_arg: str | None):
 
 
 def cmd_report(args) -> int:
-    from ampsweep.app import console
+    from ampsweep.app import capacity, console
     from ampsweep.config.schema import ConfigError
     from ampsweep.precision.modes import MODES
     from ampsweep.report import render, sweeps
@@ -93,6 +100,7 @@ def cmd_report(args) -> int:
         console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {choices}")
         return 2
     try:
+        budget = capacity.parse_budget(args.memory_budget)
         client = _open_store(args.tracking_uri)
         parent, passed_over = sweeps.find_sweep(client, args.sweep, args.experiment)
         sweep, runs = sweeps.load_sweep(client, parent)
@@ -103,7 +111,7 @@ def cmd_report(args) -> int:
         console.note(
             f"skipped the newer sweep {empty.info.run_name} ({empty.info.run_id}): it has no runs"
         )
-    rep = sweeps.make_report(sweep, runs, args.baseline)
+    rep = sweeps.make_report(sweep, runs, args.baseline, budget)
     text = render.render(rep, args.fmt, console.console, wide=args.wide)
     if text is not None:
         sys.stdout.write(text)

@@ -109,6 +109,11 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     if informational:
         return run_hydra(args, command)
     conf, name = _conf_of(flags)
+    command_args = args  # what the sweep's parent records: the command as typed
+    if multirun:
+        code, args, overrides = _repeats_as_seeds(args, overrides, conf, name)
+        if code:
+            return code
     code, configs = validate(overrides, conf, name, multirun, record=rank.is_main)
     if code:
         return code
@@ -132,7 +137,22 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         except KeyboardInterrupt:
             console.error("interrupted")
             return EXIT_KILLED
-    return run_sweep(args, overrides, configs, conf, name, command, rank.is_main)
+    return run_sweep(args, overrides, configs, conf, name, command, rank.is_main, command_args)
+
+
+def _repeats_as_seeds(
+    args: list[str], overrides: list[str], conf: Path, name: str
+) -> tuple[int, list[str], list[str]]:
+    """The command line with ``sweep.repeats=N`` turned into the seed sweep Hydra runs."""
+    from ampsweep.config.compose import repeat_overrides
+
+    try:
+        drop, add, _ = repeat_overrides(overrides, conf, name)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2, args, overrides
+    keep = [a for a in args if a not in drop]
+    return 0, keep + add, [o for o in overrides if o not in drop] + add
 
 
 def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | None:
@@ -190,8 +210,10 @@ def validate(
     try:
         configs = validate_command(overrides, multirun, conf, name)
         from ampsweep.engine import components  # torch: only once the shared keys are good
+        from ampsweep.engine.build import preflight
 
         configs = [components.resolve(c) for c in configs]
+        preflight(configs)  # e.g. fp8 without torchao, or on a model it would not change
         stores = {
             store.resolve_uri(c.tracking.uri): store.uri_key(c.tracking.uri)
             for c in configs
@@ -254,15 +276,18 @@ def run_sweep(
     name: str,
     command: CommandContext,
     is_main: bool,
+    command_args: list[str] | None = None,
 ) -> int:
     """A multirun: the parent run first (in the sweep dir Hydra is told to use), the jobs,
-    then the report and the parent's end, whatever happened to the jobs."""
+    then the report and the parent's end, whatever happened to the jobs. ``command_args``:
+    the command line as typed (recorded on the parent), before ``sweep.repeats`` became seeds."""
     from ampsweep.app import sweep
     from ampsweep.config.compose import expand_sweep, is_hydra_override
 
     first_job = expand_sweep([o for o in overrides if not is_hydra_override(o)])[0]
     sweep_dir, label = sweep.plan_dir(first_job, conf, name)
-    command.sweep = sweep.begin(configs, args, sweep_dir, label) if is_main else None
+    typed = command_args or args
+    command.sweep = sweep.begin(configs, typed, sweep_dir, label) if is_main else None
     interrupted, hydra_code, result = False, 0, None
     try:
         hydra_code = run_hydra([*args, f"hydra.sweep.dir={sweep_dir}"], command)

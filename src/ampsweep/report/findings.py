@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
+from ampsweep.report import stats
 from ampsweep.report.model import Row, is_number
 from ampsweep.tracking.store import FINISHED
 
@@ -43,6 +44,14 @@ def describe_device(tags: dict[str, str]) -> str:
     return f"{kind} ({inner})" if inner else kind
 
 
+# Autocast saves half-precision copies of the weights for backward; on a model whose
+# activations are small next to its weights, those copies dominate.
+WEIGHT_COPIES = (
+    "Autocast keeps half-precision copies of the weights for backward, which outweigh the "
+    "activations on a model this small."
+)
+
+
 def _capability(tags: dict[str, str]) -> float | None:
     try:
         return float(tags["compute_capability"])
@@ -54,8 +63,12 @@ def _pts(delta: float) -> str:
     return f"{delta * 100:+.1f} points"
 
 
-def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = BASELINE) -> list[str]:
-    """Plain-language conclusions, each with the numbers behind it."""
+def findings(
+    rows: list[Row], device: dict[str, str], baseline_mode: str = BASELINE, budget: str = ""
+) -> list[str]:
+    """Plain-language conclusions, each with the numbers behind it. ``rows``: one per
+    configuration and mode (repeats summarised, ``report.groups``); a verdict over repeats
+    carries its 95% interval. ``budget``: the max batch column's memory, in words."""
     out = [f"Device: {describe_device(device)}."]
     done = [r for r in rows if r.status == FINISHED]
     compared = [r for r in done if r.baseline]
@@ -63,9 +76,15 @@ def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = BASEL
     for r in compared:
         groups.setdefault(_where(r), []).append(r)
     for where, group in groups.items():
-        out.extend(_group_findings(group, baseline_mode, f" ({where})" if len(groups) > 1 else ""))
+        suffix = f" ({where})" if len(groups) > 1 else ""
+        if any(r.n > 1 for r in group):
+            out.extend(_interval_findings(group, baseline_mode, suffix, device))
+        else:
+            out.extend(_group_findings(group, baseline_mode, suffix))
     out.extend(_noscale_findings(done, baseline_mode))
     out.extend(_underflow_findings(done))
+    out.extend(_capacity_findings(compared, baseline_mode, budget))
+    out.extend(_fp8_findings(done))
     out.extend(_hardware_findings(compared, device, baseline_mode))
     missing = [r for r in done if not r.baseline]
     if missing:
@@ -77,6 +96,13 @@ def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = BASEL
     for r in rows:
         if r.status != FINISHED:
             out.append(f"{r.name} ended {r.status}: {r.error or 'no error recorded'}.")
+    if any(r.precision != baseline_mode for r in compared) and all(r.n == 1 for r in compared):
+        out.append(
+            "Each verdict here rests on a single run per mode: a rerun moves accuracy by a few "
+            "tenths of a point and, on a shared machine, speed by tens of percent. "
+            "sweep.repeats=3 (or more) repeats every mode with other seeds and gives each "
+            "comparison a 95% confidence interval."
+        )
     return out
 
 
@@ -87,7 +113,7 @@ def _where(r: Row) -> str:
 
 def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     out = []
-    timed = [r for r in group if is_number(r.speedup)]
+    timed = [r for r in group if is_number(r.speedup) and not r.emulated]
     if timed:
         best = max(timed, key=lambda r: r.speedup)
         if best.precision == base or best.speedup <= 1.0:
@@ -114,13 +140,10 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
                 f"({best.activation_ratio:.2f}x, {saved:.0f}% less)."
             )
         else:
-            # Autocast saves half-precision copies of the weights for backward; on a model
-            # whose activations are small next to its weights, those copies dominate.
             out.append(
                 f"No mode saved activation memory{where}: the least is {best.precision} with "
                 f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
-                f"({best.activation_ratio:.2f}x). Autocast keeps half-precision copies of the "
-                "weights for backward, which outweigh the activations on a model this small."
+                f"({best.activation_ratio:.2f}x). {WEIGHT_COPIES}"
             )
     peak = [r for r in group if is_number(r.peak_ratio) and r.precision != base]
     if peak:
@@ -154,13 +177,168 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------- verdicts over repeats
+
+
+def _on(device: dict[str, str]) -> str:
+    kind = device.get("device")
+    return {"cpu": " on this CPU", "cuda": " on this GPU"}.get(kind, "")
+
+
+def _n(r: Row, name: str) -> int:
+    est = r.ci.get(name)
+    return est.n if est is not None else r.n
+
+
+def _ratio(r: Row, name: str, vs: str = "") -> str:
+    """``0.16x, interval 0.15-0.17x, n=3`` (``0.52x in all 3 runs``; ``0.16x, a single
+    run``); ``vs``: what it is a ratio to, after the value."""
+    value, est = getattr(r, name), r.ci.get(name)
+    if est is None or not est.has_interval:
+        return f"{value:.2f}x{vs}, a single run"
+    if est.half_width == 0:
+        every = "both runs" if est.n == 2 else f"all {est.n} runs"
+        return f"{value:.2f}x{vs} in {every}"
+    return f"{value:.2f}x{vs}, interval {est.low:.2f}-{est.high:.2f}x, n={est.n}"
+
+
+def _points(r: Row, vs: str = "") -> str:
+    """``-0.1 +/- 0.3 points, n=5``: a paired accuracy difference and its interval."""
+    est = r.ci.get("acc_delta")
+    if est is None or not est.has_interval:
+        return f"{_pts(r.acc_delta)}{vs}, a single run"
+    return f"{r.acc_delta * 100:+.1f} +/- {est.half_width * 100:.1f} points{vs}, n={est.n}"
+
+
+def _acc(r: Row) -> str:
+    est = r.ci.get("val_acc")
+    if est is None or not est.has_interval:
+        return f"{r.val_acc:.3f}"
+    return f"{r.val_acc:.3f} +/- {est.half_width:.3f}"
+
+
+# What the interval of a paired comparison says (``stats.compare``; None: a single run)
+SPEED_WORDS = {
+    "lower": "is slower than",
+    "higher": "is faster than",
+    "indistinguishable": "is indistinguishable in speed from",
+    None: "compares with",
+}
+ACC_WORDS = {
+    "lower": "is lower than",
+    "higher": "is higher than",
+    "indistinguishable": "is indistinguishable from",
+    None: "compares with",
+}
+
+
+def _interval_findings(group: list[Row], base: str, where: str, device: dict) -> list[str]:
+    """Speed, memory and accuracy against the baseline, each a verdict on the 95% interval of
+    the paired comparison: a mode is faster (or more accurate) only when the whole interval
+    says so, else it is indistinguishable from the baseline at this number of repeats."""
+    out = []
+    others = [r for r in group if r.precision != base]
+    speed = [
+        f"{r.precision} {SPEED_WORDS[stats.compare(r.ci.get('speedup'), 1.0)]} "
+        f"{base}{_on(device)} ({_ratio(r, 'speedup')})"
+        for r in others
+        if is_number(r.speedup) and not r.emulated
+    ]
+    if speed:
+        out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
+    act = [r for r in others if is_number(r.activation_ratio)]
+    if act:
+        best = min(act, key=lambda r: r.activation_ratio)
+        base_mib = best.activation_mib / best.activation_ratio
+        saved = best.activation_ratio < 1
+        less = f"; {(1 - best.activation_ratio) * 100:.0f}% less" if saved else ""
+        head = "Most activation memory saved" if saved else "No mode saved activation memory"
+        why = "" if saved else f" {WEIGHT_COPIES}"
+        out.append(
+            f"{head}{where}: {best.precision}, {best.activation_mib:.2f} MiB per step vs "
+            f"{base_mib:.2f} MiB for {base} ({_ratio(best, 'activation_ratio')}{less}).{why}"
+        )
+    peak = [r for r in others if is_number(r.peak_ratio)]
+    if peak:
+        best = min(peak, key=lambda r: r.peak_ratio)
+        out.append(
+            f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB vs "
+            f"{best.peak_mib / best.peak_ratio:,.0f} MiB for {base} "
+            f"({_ratio(best, 'peak_ratio')})."
+        )
+    accs = [r for r in others if is_number(r.acc_delta)]
+    if accs:
+        parts = [
+            f"{r.precision}'s accuracy {ACC_WORDS[stats.compare(r.ci.get('acc_delta'), 0.0)]} "
+            f"{base}'s ({_points(r)})"
+            for r in accs
+        ]
+        base_row = next((r for r in group if r.precision == base), None)
+        if base_row is not None and is_number(base_row.val_acc):
+            parts.insert(0, f"{base} reached {_acc(base_row)} (n={_n(base_row, 'val_acc')})")
+        out.append(f"Accuracy{where}, paired by seed: " + "; ".join(parts) + ".")
+    return out
+
+
+def _capacity_findings(compared: list[Row], base: str, budget: str) -> list[str]:
+    """How much larger a batch each mode fits than the baseline in the memory budget."""
+    rows = [r for r in compared if r.precision != base and is_number(r.max_batch_ratio)]
+    if not rows or not budget:
+        return []
+    best = max(rows, key=lambda r: r.max_batch_ratio)
+    base_batch = best.max_batch / best.max_batch_ratio
+    others = ", ".join(f"{r.precision} {r.max_batch_ratio:.2f}x" for r in rows if r is not best)
+    how = (
+        " (predicted from the activation bytes per sample and the memory that does not grow "
+        "with the batch: parameters, gradients, optimizer state, autocast's weight copies)"
+    )
+    if best.max_batch_ratio <= 1.0:
+        return [
+            f"No mode fits a larger batch than {base} {budget}: the most is {best.precision} "
+            f"with {best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
+            f"({_ratio(best, 'max_batch_ratio')}){how}."
+        ]
+    rest = f"; {others}" if others else ""
+    return [
+        f"{best.precision} fits {best.max_batch_ratio:.2f}x the batch of {base} {budget}: "
+        f"{best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
+        f"({_ratio(best, 'max_batch_ratio')}{rest}){how}."
+    ]
+
+
+def _fp8_findings(done: list[Row]) -> list[str]:
+    """What fp8 converted, and that an emulated run's speed means nothing."""
+    out = []
+    for r in done:
+        if not _is(r.precision, lambda m: bool(m.fp8)):
+            continue
+        share = (
+            f"the Linear layers it converted carry {r.fp8_flop_share:.0%} of the FLOPs (the rest "
+            "ran in bf16)"
+            if is_number(r.fp8_flop_share)
+            else "no conversion was recorded"
+        )
+        if r.emulated:
+            out.append(
+                f"{r.name} ran in torchao's fp8 emulation (precision.fp8.emulate=true): its fp8 "
+                "matmuls were computed in higher precision, so its speed means nothing; its "
+                f"accuracy and memory show what fp8 does to this model; {share}."
+            )
+        else:
+            out.append(f"{r.name}: {share}; fp8 can speed up only that share.")
+    return out
+
+
 def _noscale_findings(done: list[Row], base: str) -> list[str]:
     out = []
     for r in done:
         if not _is(r.precision, lambda m: m.unscaled_fp16):
             continue
-        acc = f"reached {r.val_acc:.3f}" if is_number(r.val_acc) else "has no accuracy"
-        delta = f" ({_pts(r.acc_delta)} vs {base})" if is_number(r.acc_delta) else ""
+        acc = f"reached {_acc(r)}" if is_number(r.val_acc) else "has no accuracy"
+        delta = ""
+        if is_number(r.acc_delta):
+            vs = f" vs {base}"
+            delta = f" ({_points(r, vs)})" if r.n > 1 else f" ({_pts(r.acc_delta)}{vs})"
         text = (
             f"fp16 without loss scaling ({r.precision}) {acc}{delta}. With no scaler no step is "
             "checked or skipped: gradients too small for fp16 silently become zero"
@@ -210,7 +388,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
         for r in compared
         if r.precision != base and _is(r.precision, lambda m: m.half) and is_number(r.speedup)
     ]
-    rel = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in half)
+    rel = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in half if not r.emulated)
     rel = f" ({rel})" if rel else ""
     kind = device.get("device")
     if kind == "cpu":

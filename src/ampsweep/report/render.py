@@ -1,8 +1,11 @@
 """The report as a console table, Markdown, CSV and JSON.
 
 The console table fits 100 columns: the columns a reader needs to decide (mode, accuracy and
-its change, throughput and speed-up, memory saved, MFU on a GPU, what the loss scaler did).
-``--wide`` shows every column; the Markdown, CSV and JSON files always carry everything.
+its change, throughput and speed-up, memory saved, MFU on a GPU, the largest batch, what the
+loss scaler did), the least needed left out first when they do not fit. With repeated seeds it
+has a row per configuration and mode, each cell a mean and ``±`` half its 95% interval.
+``--wide`` shows every column; the Markdown, CSV and JSON files always carry everything, and
+every run.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ class Column:
     header: str
     fmt: str  # "s" text, "x" ratio, "pt" points, "pct" percent, else a format spec
     console: bool = True  # in the default console table (else only with --wide and in files)
-    when: str = "always"  # "always" | "numbers" (some row has one) | "text" | "differs"
+    # "always" | "numbers" (some row has one) | "text" | "differs" | "repeats" (some row
+    # summarises repeated runs)
+    when: str = "always"
+    drop: int = 0  # when the console table is too wide, the highest is left out first (0: never)
 
 
 COLUMNS = [
@@ -32,28 +38,30 @@ COLUMNS = [
     Column("model", "model", "s", when="differs"),
     Column("dataset", "data", "s", when="differs"),
     Column("shown_status", "status", "s", when="differs"),
+    Column("n", "runs", "d", when="repeats", drop=7),
     Column("val_acc", "val acc", ".4f"),
     Column("acc_delta", "Δacc pt", "pt"),
-    Column("samples_per_s", "samples/s", ",.0f"),
+    Column("samples_per_s", "samples/s", ",.0f", drop=5),
     Column("speedup", "speed-up", "x"),
     Column("step_ms", "step ms", ".2f", console=False),
     Column("tflops", "TFLOPS", ".3g", console=False, when="numbers"),
-    Column("mfu", "MFU", "pct", when="numbers"),
+    Column("mfu", "MFU", "pct", when="numbers", drop=4),
     Column("activation_mib", "act MiB", ".3f", console=False),
     Column("activation_ratio", "act mem", "x"),
     Column("peak_mib", "peak MiB", ",.0f", console=False, when="numbers"),
-    Column("peak_ratio", "peak mem", "x", when="numbers"),
-    Column("scaler_skips", "skipped", ".0f", console=True, when="numbers"),
+    Column("peak_ratio", "peak mem", "x", when="numbers", drop=2),
+    Column("max_batch", "max batch", ",.0f", when="numbers", drop=3),
+    Column("max_batch_ratio", "batch x", "x", console=False, when="numbers"),
+    Column("bytes_per_sample", "B/sample", ",.0f", console=False, when="numbers"),
+    Column("model_mib", "model MiB", ".3g", console=False, when="numbers"),
+    Column("fp8_flop_share", "fp8 FLOPs", "pct", console=False, when="numbers"),
+    Column("scaler_skips", "skipped", ".0f", console=True, when="numbers", drop=6),
     Column("skipped_steps", "skipped", ".0f", console=False),
-    Column("loss_scale", "scale", "g", when="numbers"),
+    Column("loss_scale", "scale", "g", when="numbers", drop=8),
 ]
 
 
-def _cell(value, fmt: str) -> str:
-    if fmt == "s":
-        return str(value) if value is not None else ""
-    if not is_number(value):
-        return "-"
+def _number(value, fmt: str) -> str:
     if fmt == "x":
         return f"{value:.2f}x"
     if fmt == "pt":
@@ -61,6 +69,33 @@ def _cell(value, fmt: str) -> str:
     if fmt == "pct":
         return f"{value:.1%}"
     return format(value, fmt)
+
+
+def _spread(half: float, fmt: str) -> str:
+    """The ``±`` part of a cell: the half-width of the 95% interval in the value's unit."""
+    if fmt == "x":
+        return f"±{half:.2f}"
+    if fmt == "pt":
+        return f"±{half * 100:.1f}"
+    if fmt == "pct":
+        return f"±{half * 100:.1f}"
+    return "±" + format(half, fmt.lstrip("+"))
+
+
+def _cell(value, fmt: str, est=None) -> str:
+    """A table cell: the value, and ``±`` the half-width of its interval over repeats."""
+    if fmt == "s":
+        return str(value) if value is not None else ""
+    if not is_number(value):
+        return "-"
+    if est is None or not est.has_interval:
+        return _number(value, fmt)
+    if fmt == ".4f":  # an accuracy with its interval: three decimals say enough
+        fmt = ".3f"
+    spread = _spread(est.half_width, fmt)
+    if not any(ch in "123456789" for ch in spread):  # the same in every run (at this precision)
+        return _number(value, fmt)
+    return f"{_number(value, fmt)} {spread}"
 
 
 def _value(row: Row, key: str):
@@ -75,14 +110,16 @@ def _shown(col: Column, rows: list[Row], wide: bool) -> bool:
         return any(values)
     if col.when == "differs":  # the console names a shared model and data set in the title
         return wide or len(set(values)) > 1
+    if col.when == "repeats":
+        return any(r.n > 1 for r in rows)
     return True
 
 
-def columns(report: Report, wide: bool = True) -> list[Column]:
-    """The columns worth showing for this report: in the console table (``wide=False``) only
-    those a decision needs; with ``wide``, every measured one and each ``amp/grad_*`` metric
-    some run logged."""
-    rows = report.rows
+def columns(report: Report, wide: bool = True, rows: list[Row] | None = None) -> list[Column]:
+    """The columns worth showing for ``rows`` (default: the report's summary): in the console
+    table (``wide=False``) only those a decision needs; with ``wide``, every measured one and
+    each ``amp/grad_*`` metric some run logged."""
+    rows = report.summary if rows is None else rows
     cols = [
         c
         for c in COLUMNS
@@ -100,14 +137,31 @@ def _baseline_cell(r: Row) -> str:
     return r.baseline or r.note or ""
 
 
-def table_cells(report: Report, wide: bool = True) -> tuple[list[str], list[list[str]]]:
-    cols = columns(report, wide)
-    headers = [c.header for c in cols] + (["baseline"] if wide else [])
-    body = []
-    for r in report.rows:
-        cells = [_cell(_value(r, c.key), c.fmt) for c in cols]
-        body.append(cells + ([_baseline_cell(r)] if wide else []))
-    return headers, body
+def table_cells(
+    report: Report, wide: bool = True, rows: list[Row] | None = None, width: int | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells for ``rows`` (default: the summary: a row per configuration and
+    mode). ``width``: leave out droppable columns until the table fits that many characters."""
+    rows = report.summary if rows is None else rows
+    cols = columns(report, wide, rows)
+    while True:
+        headers = [c.header for c in cols] + (["baseline"] if wide else [])
+        body = []
+        for r in rows:
+            cells = [_cell(_value(r, c.key), c.fmt, r.ci.get(c.key)) for c in cols]
+            body.append(cells + ([_baseline_cell(r)] if wide else []))
+        droppable = [c for c in cols if c.drop]
+        if width is None or _width(headers, body) <= width or not droppable:
+            return headers, body
+        cols.remove(max(droppable, key=lambda c: c.drop))
+
+
+def _width(headers: list[str], body: list[list[str]]) -> int:
+    """Characters a table takes at the console in rich's SIMPLE_HEAD box without edge
+    padding: its columns, three between each two (padding, separator, padding), an edge either
+    side."""
+    widths = [max(len(row[i]) for row in [headers, *body]) for i in range(len(headers))]
+    return sum(widths) + 3 * (len(widths) - 1) + 2
 
 
 def title(report: Report) -> str:
@@ -116,28 +170,39 @@ def title(report: Report) -> str:
     models, data = {r.model for r in rows}, {r.dataset for r in rows}
     if len(models) == 1 and len(data) == 1:
         what = f" of {next(iter(models))} on {next(iter(data))}"
+    seeds = {r.n for r in report.summary if r.status == "FINISHED"}
+    repeats = ""
+    if report.repeated:
+        each = f"{seeds.pop()} seeds" if len(seeds) == 1 else "several seeds"
+        repeats = f", {each} each (mean ± half its 95% interval)"
     return (
         f"Sweep {report.sweep.get('name', '')} ({report.sweep.get('run_id', '')}): "
-        f"{len(rows)} runs{what} vs {report.baseline_mode}"
+        f"{len(rows)} runs{what} vs {report.baseline_mode}{repeats}"
     )
 
 
+def _markdown_table(headers: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body]
+
+
 def to_markdown(report: Report) -> str:
-    headers, body = table_cells(report)
     lines = [f"# {title(report)}", ""]
     if report.sweep.get("command"):
         lines += [f"Command: `{report.sweep['command']}`", ""]
-    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body]
+    lines += _markdown_table(*table_cells(report))
+    if report.repeated:
+        lines += ["", "## Every run", ""]
+        lines += _markdown_table(*table_cells(report, rows=report.rows))
     lines += ["", "## Findings", ""] + [f"- {f}" for f in report.findings]
     return "\n".join(lines) + "\n"
 
 
 def to_csv(report: Report) -> str:
-    """Every field of every row, unformatted (speed-up 1.5, not 1.50x)."""
+    """Every field of every run's row, unformatted (speed-up 1.5, not 1.50x)."""
     buf = io.StringIO()
     extras = sorted({k for r in report.rows for k in r.extra})
-    fields = [k for k in Row.__dataclass_fields__ if k != "extra"]
+    fields = [k for k in Row.__dataclass_fields__ if k not in ("extra", "ci", "members", "n")]
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(fields + extras)
     for r in report.rows:
@@ -154,6 +219,7 @@ def to_json(report: Report) -> str:
         "device": report.device,
         "baseline_mode": report.baseline_mode,
         "rows": [asdict(r) for r in report.rows],
+        "summary": [asdict(r) for r in report.summary],  # repeats summarised, with intervals
         "findings": report.findings,
         "headline": report.headline_metrics(),
     }
@@ -166,7 +232,7 @@ def print_table(report: Report, console, wide: bool = False) -> None:
     from rich import box
     from rich.table import Table
 
-    headers, body = table_cells(report, wide)
+    headers, body = table_cells(report, wide, width=None if wide else CONSOLE_WIDTH)
     console.print(title(report))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     text_columns = sum(1 for c in columns(report, wide) if c.fmt == "s")

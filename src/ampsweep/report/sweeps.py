@@ -3,8 +3,12 @@ to its parent run (report.md/.csv/.json, the charts, the headline numbers as met
 
 from __future__ import annotations
 
+import re
+
+from ampsweep.measure import capacity
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report.findings import findings
+from ampsweep.report.groups import summarise
 from ampsweep.report.model import Report, RunData
 from ampsweep.report.render import to_csv, to_json, to_markdown
 from ampsweep.report.rows import compute_rows
@@ -93,18 +97,39 @@ def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
     )
 
 
-def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = BASELINE) -> Report:
-    rows = compute_rows(runs, baseline_mode)
+def make_report(
+    sweep: dict, runs: list[RunData], baseline_mode: str = BASELINE, budget: int | None = None
+) -> Report:
+    """The report of a sweep's runs; ``budget``: bytes for the max batch column (default: what
+    each CUDA run predicted for its GPU's memory; nothing on a CPU)."""
+    rows = compute_rows(runs, baseline_mode, budget)
+    summary = summarise(rows, runs)
     finished = [r for r in runs if r.status == store.FINISHED and r.tags.get(store.DEVICE)]
     source = (finished or [r for r in runs if r.tags.get(store.DEVICE)] or runs)[0].tags
     device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
-    return Report(sweep, device, baseline_mode, rows, findings(rows, device, baseline_mode), runs)
+    words = budget_words(runs, budget)
+    found = findings(summary, device, baseline_mode, words)
+    return Report(sweep, device, baseline_mode, rows, found, runs, summary, words)
 
 
-def build_report(client, parent_run_id: str, baseline_mode: str = BASELINE) -> Report:
+def budget_words(runs: list[RunData], budget: int | None) -> str:
+    """The memory budget of the max batch column as the findings name it: ``on an 80 GiB
+    GPU`` (``--memory-budget``), ``on this 140 GiB GPU`` (what a CUDA run measured), or
+    nothing (a CPU run, no budget given)."""
+    if budget is not None:
+        size = capacity.format_size(budget)
+        article = "an" if re.match(r"(8|11(\D|$)|18(\D|$))", size) else "a"
+        return f"on {article} {size} GPU"
+    gib = [r.metrics[capacity.BUDGET_GIB] for r in runs if capacity.BUDGET_GIB in r.metrics]
+    return f"on this {capacity.format_size(max(gib) * capacity.GIB)} GPU" if gib else ""
+
+
+def build_report(
+    client, parent_run_id: str, baseline_mode: str = BASELINE, budget: int | None = None
+) -> Report:
     parent, _ = find_sweep(client, parent_run_id)
     sweep, runs = load_sweep(client, parent)
-    return make_report(sweep, runs, baseline_mode)
+    return make_report(sweep, runs, baseline_mode, budget)
 
 
 def publish(client, report: Report) -> None:
