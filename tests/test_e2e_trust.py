@@ -139,7 +139,7 @@ def test_capacity_predicts_on_a_cpu_for_a_budget(tmp_path, store, capsys, monkey
             f"tracking.uri={store}"]  # fmt: skip
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert "prediction for 64 MiB" in out and "predicting (the search needs a CUDA GPU)" in out
+    assert "predicted for 64 MiB" in out and "predicting (the search needs a CUDA GPU)" in out
     runs = runs_in(store)
     assert len(runs) == 2 and all(r.data.tags["ampsweep.capacity"] == "true" for r in runs)
     by_mode = {r.data.tags["precision"]: r.data.metrics for r in runs}

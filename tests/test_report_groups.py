@@ -277,3 +277,5 @@ def test_an_emulated_fp8_run_is_said_to_have_a_meaningless_speed():
     assert "its speed means nothing" in text and "carry 62% of the FLOPs" in text
     assert "fp8_rowwise 0.04x" not in text  # not among the speed verdicts
     assert rep.rows[2].emulated
+    alone = sweeps.make_report({"run_id": "p"}, [runs[0], fp8])  # fp32 and the emulated run
+    assert not any(f.startswith("Fastest") for f in alone.findings)

@@ -145,12 +145,14 @@ def error_pct(predicted: float | None, measured: float | None) -> float | None:
 
 
 def print_rows(rows: list[dict], budget: int | None) -> None:
+    from rich import box
     from rich.table import Table
 
     where = cap.format_size(budget) if budget else "the GPU's memory"
-    table = Table(title=f"Largest batch (prediction for {where})", title_justify="left")
-    for col in ("run", "measured", "predicted", "error", "bytes/sample", "model MiB", "run id"):
-        table.add_column(col, justify="left" if col in ("run", "run id") else "right")
+    console.console.print(f"Largest batch (predicted for {where}; measured by trying)")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("run", "measured", "predicted", "error", "bytes/sample", "model MiB"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for r in rows:
         m = r["metrics"]
         measured = m.get(cap.MAX_BATCH_MEASURED)
@@ -163,8 +165,10 @@ def print_rows(rows: list[dict], budget: int | None) -> None:
             "-" if err is None else f"{err:+.1f}%",
             f"{m.get(cap.BYTES_PER_SAMPLE, 0):,.0f}",
             f"{m.get(cap.MODEL_MIB, 0):,.1f}",
-            r["run_id"] or "-",
         )
     console.console.print(table)
+    for r in rows:
+        if r["run_id"]:
+            console.console.print(f"recorded {r['name']} as MLflow run {r['run_id']}")
     if any(r["limit_reached"] for r in rows):
         console.note("+: every batch up to --limit fit; raise --limit to search further")

@@ -112,6 +112,8 @@ def print_summary(title: str, summary: dict, where: str | None) -> None:
         ("samples/s", _fmt(summary.get("perf/samples_per_s"), ".1f")),
         ("step time (median)", _fmt(summary.get("perf/step_time_ms"), ".2f") + " ms"),
         ("activation memory", _fmt(summary.get("mem/activation_mib"), ".2f") + " MiB"),
+        ("per sample", _fmt(summary.get("mem/activation_bytes_per_sample"), ",.0f") + " bytes"),
+        ("model memory", _fmt(summary.get("mem/model_mib"), ".2f") + " MiB (batch-independent)"),
         ("peak RSS", _fmt(summary.get("mem/peak_rss_mib"), ".0f") + " MiB"),
     ]
     if "mem/peak_allocated_mib" in summary:
@@ -119,6 +121,16 @@ def print_summary(title: str, summary: dict, where: str | None) -> None:
             ("peak CUDA allocated", _fmt(summary["mem/peak_allocated_mib"], ".0f") + " MiB")
         )
         rows.append(("peak CUDA reserved", _fmt(summary["mem/peak_reserved_mib"], ".0f") + " MiB"))
+    if "mem/max_batch_predicted" in summary:
+        gib = summary.get("mem/budget_gib", float("nan"))
+        rows.append(
+            (
+                "largest batch",
+                f"{summary['mem/max_batch_predicted']:,.0f} (predicted, {gib:.0f} GiB)",
+            )
+        )
+    if "fp8/flop_share" in summary:
+        rows.append(("fp8 FLOPs", _fmt(summary["fp8/flop_share"], ".0%") + " in converted layers"))
     rows.append(("skipped steps", _fmt(summary.get("amp/skipped_steps"), ".0f")))
     if "amp/loss_scale" in summary:
         rows.append(("final loss scale", _fmt(summary["amp/loss_scale"], "g")))

@@ -35,6 +35,7 @@ Train one configuration (or, with -m, sweep every combination) and record each r
   ampsweep train precision=fp16 trainer.epochs=3      # one run
   ampsweep train -m precision=fp32,fp16,bf16          # a sweep: one parent run, a child per job
   ampsweep train -m experiment=precision_sweep        # the ready CPU sweep
+  ampsweep train -m experiment=precision_sweep sweep.repeats=3   # 3 seeds each: intervals
   ampsweep train trainer.resume=auto                  # continue the newest checkpoint
   ampsweep train --config-path RUN_DIR/.hydra --config-name config   # rerun a run dir
 

@@ -152,14 +152,11 @@ def refusal(mode: PrecisionMode, model_name: str, planned: Conversion, cfg: Fp8C
     if not linear:
         what = "has no nn.Linear layer"
     else:
-        shown = "; ".join(f"{la.name or 'the model'}: {la.reason}" for la in linear[:3])
+        shown = "; ".join(f"layer {la.name or '(the model)'}, {la.reason}" for la in linear[:3])
         more = f"; and {len(linear) - 3} more" if len(linear) > 3 else ""
         what = f"has no nn.Linear layer fp8 can take ({shown}{more})"
     hint = ""
-    ends_only = linear and all(
-        la.reason.startswith("the model's") or not la.reason for la in linear
-    )
-    if cfg.keep_first_last and ends_only:
+    if cfg.keep_first_last and any(la.reason.startswith("the model's") for la in linear):
         hint = ", or precision.fp8.keep_first_last=false to convert its first and last layers"
     return (
         f"precision={mode.name}: model={model_name} {what}: fp8 would change nothing: use "

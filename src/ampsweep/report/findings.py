@@ -114,7 +114,7 @@ def _where(r: Row) -> str:
 def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     out = []
     timed = [r for r in group if is_number(r.speedup) and not r.emulated]
-    if timed:
+    if len(timed) > 1:  # a mode to compare with the baseline (an emulated one has no speed)
         best = max(timed, key=lambda r: r.speedup)
         if best.precision == base or best.speedup <= 1.0:
             others = [r for r in timed if r is not best]

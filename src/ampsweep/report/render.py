@@ -241,7 +241,15 @@ def print_table(report: Report, console, wide: bool = False) -> None:
         table.add_column(h, justify="right" if right else "left", no_wrap=True)
     for row in body:
         table.add_row(*row)
-    console.print(table, width=None if wide else min(console.width, CONSOLE_WIDTH), crop=False)
+    needed = _width(headers, body)
+    if wide and needed > console.width:
+        # As wide as its columns need: rich would squeeze the table into the console's width,
+        # cutting every cell short, and a console never renders wider than itself.
+        from rich.console import Console
+
+        Console(file=console.file, width=needed, highlight=False, soft_wrap=True).print(table)
+    else:  # the console table was fitted to 100 columns
+        console.print(table, width=min(console.width, CONSOLE_WIDTH), crop=False)
     console.print("[bold]Findings[/]")
     if console.soft_wrap:  # not a terminal: one line per finding
         for f in report.findings:
