@@ -79,3 +79,27 @@ def test_the_prediction_for_a_budget(setup):
     expected = int((64 * 1024**2 - model_mib * 1024**2) // per_sample)
     assert out[cap.MAX_BATCH_PREDICTED] == expected
     assert out[cap.BUDGET_GIB] == pytest.approx(1 / 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+def test_the_search_on_a_gpu_recovers_from_out_of_memory_and_meets_the_prediction(mode):
+    """A real search on a real GPU, inside a small budget (the caching allocator limited to a
+    fraction of the GPU): out-of-memory errors are caught, and the largest batch found is
+    within 15% of the one predicted for that budget."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    budget = 2 * 1024**3
+    torch.cuda.set_per_process_memory_fraction(budget / total)
+    try:
+        args = [f"precision={mode}", "trainer.device=cuda", "model=resnet18", "dataset=synthetic"]
+        args += ["dataset.image_size=32", "dataset.channels=3", "dataset.num_samples=512"]
+        cfg = load([*args, "trainer.batch_size=64", "tracking=none"])
+        setup = build(cfg)
+        predicted = capacity.prediction(setup, budget)[cap.MAX_BATCH_PREDICTED]
+        found = capacity.largest_batch(setup, limit=1 << 16)
+        assert found.first_failure is not None  # it did run out of memory, and went on
+        assert found.largest > 0
+        assert abs(predicted - found.largest) / found.largest < 0.15, (predicted, found.largest)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()

@@ -188,3 +188,27 @@ def test_an_fp8_run_checkpoints_resumes_and_pickles(tmp_path):
     with torch.no_grad(), setup.policy.autocast():
         assert torch.equal(copy(x), setup.model(x))
     assert type(copy[4]).__name__ == "Float8Linear" and isinstance(copy[1], nn.Linear)
+
+
+def _fp8_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", FP8)
+def test_real_fp8_trains_the_vit_on_a_gpu_with_compile(mode):
+    if not _fp8_gpu():
+        pytest.skip("needs fp8 tensor cores (compute capability 8.9+)")
+    cfg = load([f"precision={mode}", "trainer.device=cuda", "trainer.compile=true",
+                "trainer.batch_size=64", "trainer.epochs=1", "trainer.max_steps=12",
+                "trainer.timing_warmup_steps=4", "trainer.progress=false", "tracking=none",
+                "model=vit", "model.patch_size=2", "model.hidden_dim=64", "model.num_layers=2",
+                "model.num_heads=2", "model.mlp_dim=128"])  # fmt: skip
+    setup = train.build(cfg)
+    assert not setup.policy.emulated and len(setup.fp8.converted) == 4
+    summary = loop.fit(setup, lambda m, s: None)
+    assert summary["train/steps"] == 12 and summary["val/acc"] > 0.1
+    assert summary["fp8/flop_share"] > 0
+    name = torch.cuda.get_device_name()
+    if lookup_peak(name) and lookup_peak(name)[1].fp8:
+        assert 0 < summary["perf/mfu"] < 1  # against the fp8 peak
