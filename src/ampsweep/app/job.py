@@ -3,9 +3,10 @@
 A ``Job`` runs in explicit phases: ``plan`` (the config as it will run here, the run's name,
 skip it if an identical config already FINISHED, the checkpoint to resume), ``open`` (the
 recorder: a new MLflow run, or the resumed one), ``train`` (``engine.loop.fit``) and ``close``
-(final metrics, artifacts, the run's end). Failures never escape as tracebacks: the run is
-ended FAILED with a one-line ``error`` tag (KILLED on Ctrl-C), the message is printed, and the
-outcome says how the job ended so the command can exit non-zero.
+(final metrics, artifacts, the trained model, the run's end: the model and the end on a
+background thread in an in-process sweep, see ``RunCloser``). Failures never escape as
+tracebacks: the run is ended FAILED with a one-line ``error`` tag (KILLED on Ctrl-C), the
+message is printed, and the outcome says how the job ended so the command can exit non-zero.
 
 What the command needs from its jobs (their outcomes) and gives them (extra tags, the sweep it
 launched) travels in a ``CommandContext`` that the task function carries.
@@ -20,6 +21,7 @@ import signal
 import socket
 import threading
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from ampsweep.app import console, slurm
@@ -27,7 +29,7 @@ from ampsweep.config.compose import flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
 from ampsweep.tracking import store
-from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder
+from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder, RunCloser
 from ampsweep.tracking.secrets import mask_text
 from ampsweep.tracking.sweep import SweepInfo, record_skip
 
@@ -54,6 +56,7 @@ class CommandContext:
     extra_tags: dict[str, str] = field(default_factory=dict)  # e.g. reproduces=<run id>
     sweep: SweepInfo | None = None  # the sweep this command launched (None: single run)
     outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
+    closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
 
 
 @dataclass
@@ -332,17 +335,19 @@ class Job:
             return
         if ckpt and ckpt["run_id"]:
             self.recorder = self._reattach(ckpt, cfg)
-            return
-        from ampsweep.engine.checkpoint import config_hash
+        else:
+            from ampsweep.engine.checkpoint import config_hash
 
-        tags = self._tags(cfg)
-        tags[store.CONFIG_HASH] = config_hash(cfg)
-        parent = self.sweep.parent_run_id if self.sweep else None
-        self.recorder = MlflowRecorder.start(
-            cfg.tracking, self.name, tags=tags, parent_run_id=parent, uri=self.uri
-        )
-        self.recorder.log_params({**flatten(cfg), "world_size": self.rank.world_size})
-        self.recorder.log_text(to_yaml(cfg), "config.yaml")
+            tags = self._tags(cfg)
+            tags[store.CONFIG_HASH] = config_hash(cfg)
+            parent = self.sweep.parent_run_id if self.sweep else None
+            self.recorder = MlflowRecorder.start(
+                cfg.tracking, self.name, tags=tags, parent_run_id=parent, uri=self.uri
+            )
+            self.recorder.log_params({**flatten(cfg), "world_size": self.rank.world_size})
+            self.recorder.log_text(to_yaml(cfg), "config.yaml")
+        if cfg.tracking.system_metrics:  # only rank 0 records: its sampler sees every GPU
+            self.recorder.start_system_metrics(cfg.tracking.system_metrics_interval)
 
     def train(self, setup, ckpt: dict | None) -> dict:
         from ampsweep.app.environment import run_tags
@@ -355,6 +360,7 @@ class Job:
         tags["model.num_params"] = str(setup.num_params)
         tags.update(store.fp8_tags(setup.fp8.converted, setup.fp8.kept, setup.fp8.emulated))
         recorder.set_tags(tags)
+        recorder.log_inputs(setup.data_inputs)  # the train and validation sets, by digest
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = checkpoint.folder_for(cfg, recorder.run_id)
         checkpoints = NoCheckpoints()
@@ -379,6 +385,8 @@ class Job:
             {k: v for k, v in summary.items() if not k.startswith(("val/", "train/"))},
             final_step,
         )
+        recorder.stop_system_metrics()  # the machine's load from here on is not this training's
+        model = None
         if recorder.run_id is not None:
             recorder.log_json(summary, "summary.json")
             setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
@@ -387,12 +395,43 @@ class Job:
             hydra_dir = self.ctx.output_dir / ".hydra" if self.ctx.output_dir else None
             if hydra_dir and hydra_dir.is_dir():
                 recorder.log_artifact(hydra_dir, ".hydra")
-        recorder.end(store.FINISHED)
+            if setup.cfg.tracking.log_model:
+                from ampsweep.engine.export import snapshot
+
+                model = snapshot(setup.model, setup.val_batches)  # fp32, on the CPU, at once
+        outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
         where = None
         if recorder.run_id is not None:
             where = f"MLflow run {recorder.run_id} in {store.describe(recorder.uri)}"
+            if model is not None:
+                where += f"; model runs:/{recorder.run_id}/{store.MODEL_NAME}"
         console.print_summary(f"{self.name} finished", summary, where)
-        return JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
+        finish = partial(self._finish, recorder, model, final_step, setup.cfg, outcome)
+        self.command.closer.submit(finish)  # now, or while the next job of a sweep trains
+        return outcome
+
+    def _finish(self, recorder, model, step: int, cfg: Config, outcome: JobOutcome) -> None:
+        """Log the model (linked to the final metrics; registered if asked) and end the run
+        FINISHED; if any of it fails, the run ends FAILED and the outcome says so."""
+        register = cfg.tracking.register_model
+        try:
+            if model is not None:
+                tags = {store.PRECISION: cfg.precision.name, store.MODEL: cfg.model.name,
+                        store.DATASET: cfg.dataset.name}  # fmt: skip
+                model_id = recorder.log_model(model, step, tags=tags)
+                if register:
+                    version = recorder.register_model(model_id, register)
+                    console.console.print(
+                        f"{outcome.name}: model registered as {register} version {version} "
+                        f"(models:/{register}/{version})"
+                    )
+            recorder.end(store.FINISHED)
+        except Exception as err:
+            message = f"could not record the trained model: {store.one_line(err)}"
+            console.error(f"{outcome.name}: {message}")
+            with contextlib.suppress(Exception):
+                recorder.end(store.FAILED, error=message)
+            outcome.status, outcome.error, outcome.exit_code = store.FAILED, message, EXIT_FAILED
 
     # ---------------------------------------------------------------- helpers
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
 from ampsweep.config.schema import Config, ConfigError, Tracker
+from ampsweep.tracking.recorder import RunCloser
 
 HYDRA_FLAGS_WITH_VALUE = {
     "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -134,7 +135,9 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     args = [*args, *distributed.rank_overrides(rank)]
     if not multirun:
         try:
-            return _exit_code(command, run_hydra(args, command))
+            code = run_hydra(args, command)
+            command.closer.wait()  # the run has ended (a no-op: single runs end at once)
+            return _exit_code(command, code)
         except KeyboardInterrupt:
             console.error("interrupted")
             return EXIT_KILLED
@@ -289,12 +292,16 @@ def run_sweep(
     sweep_dir, label = sweep.plan_dir(first_job, conf, name)
     typed = command_args or args
     command.sweep = sweep.begin(configs, typed, sweep_dir, label) if is_main else None
+    # Jobs run in this process: each one's model is logged while the next trains. (A launcher
+    # that runs jobs elsewhere gets a copy of the context that ends its runs at once.)
+    command.closer = RunCloser(background=True)
     interrupted, hydra_code, result = False, 0, None
     try:
         hydra_code = run_hydra([*args, f"hydra.sweep.dir={sweep_dir}"], command)
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        command.closer.wait()  # every job's run has ended before the sweep is concluded
         if command.sweep is not None:
             result = sweep.finish(command.sweep, interrupted)
     if interrupted:

@@ -158,6 +158,14 @@ class TrackingConfig:
     metrics_flush_seconds: float = 10.0
     metrics_flush_every: int = 0
     skip_finished: bool = True  # a sweep relaunch skips jobs whose identical config FINISHED
+    # The trained model as an MLflow model of the run (runs:/<run id>/model), and, when
+    # register_model names one, a new version of that registered model per run.
+    log_model: bool = True
+    register_model: str | None = None
+    # The machine's load (CPU, memory, disk, network; GPUs through NVML) as MLflow's system/
+    # metrics, sampled every system_metrics_interval seconds on a background thread.
+    system_metrics: bool = True
+    system_metrics_interval: float = 2.0
 
 
 @dataclass
@@ -289,6 +297,15 @@ def validate(cfg: Config) -> list[str]:
     if not cfg.tracking.metrics_flush_seconds >= 0:
         p.append(
             f"tracking.metrics_flush_seconds={cfg.tracking.metrics_flush_seconds} must be >= 0"
+        )
+    tr = cfg.tracking
+    _positive(p, "tracking.system_metrics_interval", tr.system_metrics_interval, "use e.g. 2.0")
+    if tr.register_model is not None and not str(tr.register_model).strip():
+        p.append("tracking.register_model='' is empty: give the registered model's name")
+    elif tr.register_model and not tr.log_model:
+        p.append(
+            f"tracking.register_model={tr.register_model} needs the model logged: drop "
+            "tracking.log_model=false, or tracking.register_model"
         )
     return p
 

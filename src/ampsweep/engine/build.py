@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ampsweep.config.schema import Config, ConfigError, Device
-from ampsweep.engine import components, data, distributed, models, optim
+from ampsweep.config.schema import Config, ConfigError, Device, Tracker
+from ampsweep.engine import components, data, distributed, fingerprint, models, optim
 from ampsweep.engine.data.batches import Augment, Batches
 from ampsweep.engine.fp8 import Conversion, check_fp8, convert_fp8
 from ampsweep.measure.diagnostics import Diagnostics
@@ -64,6 +64,7 @@ class Setup:
     dataset_info: dict = field(default_factory=dict)
     diagnostics: Diagnostics = field(default_factory=Diagnostics)  # off unless configured
     fp8: Conversion = field(default_factory=Conversion)  # the layers an fp8 mode converted
+    data_inputs: list = field(default_factory=list)  # fingerprint.DataInput: what is recorded
 
 
 def resolve(cfg: Config) -> Config:
@@ -87,6 +88,8 @@ def build(cfg: Config) -> Setup:
     reset_peak_memory(device)
 
     splits = data.load(cfg.dataset)
+    recorded = cfg.tracking.backend == Tracker.mlflow and rank.is_main
+    data_inputs = fingerprint.describe(cfg.dataset, splits) if recorded else []
     preload = data.should_preload(cfg.dataset, splits)
     train_split, val_split = splits.train, splits.val
     if preload and not splits.in_memory:
@@ -151,6 +154,7 @@ def build(cfg: Config) -> Setup:
         },
         diagnostics=Diagnostics(cfg.diagnostics, t.loss_multiplier / t.grad_accum_steps),
         fp8=conversion,
+        data_inputs=data_inputs,
     )
 
 

@@ -55,6 +55,13 @@ FP8_CONVERTED, FP8_KEPT, FP8_EMULATED = "fp8.converted", "fp8.kept", "fp8.emulat
 FP8_LAYERS_ARTIFACT = "fp8_layers.json"
 CAPACITY = "ampsweep.capacity"  # "true" on a run of ``ampsweep capacity`` (a batch search)
 
+# What a run logs besides tags
+MODEL_NAME = "model"  # the logged model's name: runs:/<run id>/model
+SYSTEM_PREFIX = "system/"  # MLflow's system metrics (the UI's System metrics tab shows them)
+TRAINING, VALIDATION = "training", "validation"  # a data set's context (MLflow's values)
+REGISTERED_VERSION = "registered_model_version"  # <name>/<version> of a registered model
+LOGGED_MODEL = "logged_model"  # the logged model's URI (models:/m-...)
+
 # Tags of a sweep's parent run
 SWEEP = "ampsweep.sweep"  # "true" on a sweep's parent run
 SWEEP_DIR, COMMAND = "sweep_dir", "command"

@@ -69,7 +69,7 @@ def digits_file() -> Path:
     )
 
 
-@DATASETS.register("digits")
+@DATASETS.register("digits", source=digits_file)  # the file it reads (engine.fingerprint)
 def digits(cfg: DatasetConfig) -> Splits:
     """scikit-learn's bundled 8x8 digits: pixel values 0..16, no download."""
     # One row per image: 64 pixel values, then the label (the layout load_digits reads).
