@@ -311,7 +311,7 @@ class MlflowRecorder:
                     run_id=self.run_id,
                     model_id=model.model_id,
                 )
-                with _pickled_by_value(snapshot.packages & OWN_PACKAGES):
+                with _pickled_by_value(pickled_by_value(snapshot.packages)):
                     mlflow.pytorch.save_model(
                         snapshot.module,
                         path,
@@ -386,27 +386,38 @@ class MlflowRecorder:
 
 CONTEXTS = {"train": store.TRAINING, "val": store.VALIDATION}  # a split's MLflow context
 
-# Packages whose classes are pickled with the model (by value): a model logged by ampsweep
-# loads where ampsweep is not installed. Other packages are pinned as requirements.
-OWN_PACKAGES = {"ampsweep"}
 # Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
 BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
 
 
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pickled_by_value(packages: Iterable[str]) -> set[str]:
+    """Packages whose classes are pickled with the model, by value: ampsweep's own (not on
+    PyPI) and any that is not an installed distribution (a user's local module), so the model
+    loads where neither is importable. Classes of installed packages are pickled by reference
+    and the packages pinned as requirements."""
+    own = {p for p in packages if p == "ampsweep" or _installed(p) is None}
+    return own - {"__main__", "builtins"}  # cloudpickle pickles __main__'s by value already
+
+
 def pinned_requirements(packages: Iterable[str]) -> list[str]:
     """``name==version`` of what loading the model needs: torch, cloudpickle, numpy and the
-    installed packages its classes come from (timm, transformers, torchao, ...). Versions are
-    read from the installed distributions (local labels such as ``+cu128`` dropped, so pip
-    finds them), which is instant; MLflow's inference would load the model in a subprocess."""
+    installed packages its classes come from (torchvision, timm, transformers, torchao...).
+    Versions are read from the installed distributions (local labels such as ``+cu128``
+    dropped, so pip finds them), which is instant; MLflow's inference would load the model in
+    a subprocess."""
+    by_value = pickled_by_value(packages)
     out = []
     for name in dict.fromkeys([*BASE_REQUIREMENTS, *sorted(packages)]):
-        if name in OWN_PACKAGES:
-            continue
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue  # a module that is not an installed distribution (e.g. a local file)
-        out.append(f"{name}=={version.split('+')[0]}")
+        version = None if name in by_value else _installed(name)
+        if version is not None:
+            out.append(f"{name}=={version.split('+')[0]}")
     return out
 
 
