@@ -311,7 +311,7 @@ class MlflowRecorder:
                     run_id=self.run_id,
                     model_id=model.model_id,
                 )
-                with _pickled_by_value(pickled_by_value(snapshot.packages)):
+                with _pickled_by_value(pickled_by_value(snapshot.packages)), _no_env_scan():
                     mlflow.pytorch.save_model(
                         snapshot.module,
                         path,
@@ -419,6 +419,27 @@ def pinned_requirements(packages: Iterable[str]) -> list[str]:
         if version is not None:
             out.append(f"{name}=={version.split('+')[0]}")
     return out
+
+
+@contextlib.contextmanager
+def _no_env_scan():
+    """Skip MLflow's check of the pinned requirements against the environment while a model
+    is saved: it first maps every module of every installed distribution to its package (a
+    walk over tens of thousands of files: about 0.3 s of CPU, once per process) and can only
+    pass here, since the pins were read from this environment. MLflow skips the walk when its
+    map exists; an empty one lasts for the save alone (``None`` again after), so whatever else
+    in the process later infers requirements still gets the real map. If MLflow renames the
+    map, nothing is skipped: a save merely takes longer."""
+    from mlflow.utils import requirements_utils as reqs
+
+    if getattr(reqs, "_MODULES_TO_PACKAGES", ...) is not None:
+        yield  # computed already (cheap from now on), or not MLflow's layout any more
+        return
+    reqs._MODULES_TO_PACKAGES = {}
+    try:
+        yield
+    finally:
+        reqs._MODULES_TO_PACKAGES, reqs._PACKAGES_TO_MODULES = None, None
 
 
 @contextlib.contextmanager
