@@ -301,9 +301,11 @@ def run_sweep(
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        command.closer.wait()  # every job's run has ended before the sweep is concluded
-        if command.sweep is not None:
-            result = sweep.finish(command.sweep, interrupted)
+        try:
+            command.closer.wait()  # every job's run has ended before the sweep is concluded
+        finally:  # (a second Ctrl-C while waiting still ends the parent)
+            if command.sweep is not None:
+                result = sweep.finish(command.sweep, interrupted)
     if interrupted:
         console.error("interrupted")
         return EXIT_KILLED
