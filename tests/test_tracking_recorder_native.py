@@ -20,7 +20,9 @@ from ampsweep.tracking import store as mlflow_store
 
 
 def _recorder(store: str) -> rec.MlflowRecorder:
-    return rec.MlflowRecorder.start(TrackingConfig(uri=store), "unit", uri=store)
+    folder = mlflow_store.sqlite_path(store).parent  # the test's temporary folder
+    cfg = TrackingConfig(uri=store, artifact_root=str(folder / "mlartifacts"))
+    return rec.MlflowRecorder.start(cfg, "unit", uri=store)
 
 
 def _input(split: str, digest: str) -> DataInput:
@@ -211,3 +213,21 @@ def test_registering_needs_the_model_logged():
     cfg = Config(tracking=TrackingConfig(log_model=False, register_model="digits-cnn"))
     [problem] = [p for p in validate(cfg) if p.startswith("tracking.register_model")]
     assert "tracking.log_model=false" in problem
+
+
+def test_a_model_that_cannot_run_on_the_cpu_is_logged_with_its_inputs_signature(store):
+    class GpuOnly(torch.nn.Linear):
+        def forward(self, x):
+            raise RuntimeError("float8 matmul needs a GPU")
+
+    x, y = torch.randn(8, 4), torch.zeros(8, dtype=torch.long)
+    batches = Batches((x, y), 8, torch.device("cpu"), torch.float32, shuffle=False,
+                      drop_last=False, seed=0, preload=True)  # fmt: skip
+    r = _recorder(store)
+    model_id = r.log_model(export.snapshot(GpuOnly(4, 2), batches), 1)
+    r.end(mlflow_store.FINISHED)
+    location = r.client.get_logged_model(model_id).artifact_location
+    from mlflow.models import Model
+
+    signature = Model.load(location.removeprefix("file://")).signature
+    assert signature.inputs is not None and signature.outputs is None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,6 @@ class DataInput:
     rows: int
     features: tuple[str, tuple[int, ...]]  # dtype, shape of one input
     targets: tuple[str, tuple[int, ...]]  # dtype, shape of one label
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def describe(cfg: DatasetConfig, splits: Splits) -> list[DataInput]:

@@ -69,7 +69,7 @@ class DataInput(Protocol):
 class ModelSnapshot(Protocol):
     """The trained model as ``engine.export.ModelSnapshot`` hands it over."""
 
-    module: Any  # a torch.nn.Module (this layer never imports torch itself)
+    module: Any  # a torch.nn.Module (torch is imported by mlflow.pytorch, not here)
     example: Any  # numpy array: one batch of inputs
 
     def predict(self, x) -> Any: ...
@@ -151,9 +151,11 @@ class MlflowRecorder:
         no step appears twice in a metric's history."""
         client = store.client_for(uri)
         client.update_run(run_id, status=store.RUNNING)
-        rec = cls(client, run_id, uri, flush_every, flush_seconds)
+        run = client.get_run(run_id)
+        rec = cls(client, run_id, uri, flush_every, flush_seconds, run.info.experiment_id)
+        rec._params = dict(run.data.params)  # the logged model carries the run's params
         if after_step is not None:
-            for key in client.get_run(run_id).data.metrics:
+            for key in run.data.metrics:
                 for m in client.get_metric_history(run_id, key):
                     if m.step > after_step:
                         rec._logged.add((key, m.step))
@@ -294,7 +296,11 @@ class MlflowRecorder:
         from mlflow.entities import LoggedModelOutput, LoggedModelStatus
         from mlflow.models import Model, infer_signature
 
-        signature = infer_signature(snapshot.example, snapshot.predict(snapshot.example))
+        try:
+            output = snapshot.predict(snapshot.example)
+        except Exception:  # e.g. a float8 model trained on a GPU does not run on the CPU
+            output = None  # the signature then records the inputs only
+        signature = infer_signature(snapshot.example, output)
         model = self.client.create_logged_model(
             self.experiment_id,
             name=name,

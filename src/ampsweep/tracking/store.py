@@ -59,8 +59,6 @@ CAPACITY = "ampsweep.capacity"  # "true" on a run of ``ampsweep capacity`` (a ba
 MODEL_NAME = "model"  # the logged model's name: runs:/<run id>/model
 SYSTEM_PREFIX = "system/"  # MLflow's system metrics (the UI's System metrics tab shows them)
 TRAINING, VALIDATION = "training", "validation"  # a data set's context (MLflow's values)
-REGISTERED_VERSION = "registered_model_version"  # <name>/<version> of a registered model
-LOGGED_MODEL = "logged_model"  # the logged model's URI (models:/m-...)
 
 # Tags of a sweep's parent run
 SWEEP = "ampsweep.sweep"  # "true" on a sweep's parent run
