@@ -231,3 +231,16 @@ def test_a_model_that_cannot_run_on_the_cpu_is_logged_with_its_inputs_signature(
 
     signature = Model.load(location.removeprefix("file://")).signature
     assert signature.inputs is not None and signature.outputs is None
+
+
+def test_a_resumed_run_continues_its_system_metrics_and_keeps_its_params(store):
+    r = _recorder(store)
+    r.log_params({"trainer.seed": "0"})
+    r.start_system_metrics(3600)
+    r.end(mlflow_store.KILLED)  # stopped by a signal: one sample, step 0
+    again = rec.MlflowRecorder.attach(store, r.run_id, after_step=0)
+    assert again._params == {"trainer.seed": "0"} and again.experiment_id == r.experiment_id
+    again.start_system_metrics(3600)
+    again.end(mlflow_store.FINISHED)
+    history = r.client.get_metric_history(r.run_id, "system/cpu_utilization_percentage")
+    assert sorted(m.step for m in history) == [0, 1]
