@@ -25,7 +25,8 @@ def test_running_the_demo_twice_prints_the_whole_report_and_report_works(
     monkeypatch.chdir(tmp_path)
     assert cli.main([*DEMO, f"tracking.uri={store}"]) == 0
     first = capsys.readouterr().out
-    assert "skipped" not in first and "6 runs of cnn on digits vs fp32" in first
+    assert ": skipped, the identical config" not in first
+    assert "6 runs of cnn on digits vs fp32" in first
 
     assert cli.main([*DEMO, f"tracking.uri={store}"]) == 0
     second = capsys.readouterr().out
