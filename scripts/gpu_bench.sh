@@ -2,9 +2,10 @@
 # Speed on a GPU, honestly measured: experiment=precision_sweep_gpu on ResNet-50 with
 # synthetic 224x224 images and on a ViT-B/16-sized VisionTransformer, channels_last, with and
 # without torch.compile; experiment=precision_sweep_lm on a GPT-2-small-sized GPT and a
-# Llama-shaped Hugging Face model (fp32 and bf16, compiled); then the report of each sweep and
-# the speed table (samples/s, TFLOPS, MFU against the GPU's datasheet peak for the mode's
-# dtype). No network needed.
+# Llama-shaped Hugging Face model (fp32 and bf16, compiled); then the report of each sweep with
+# every column (samples/s, step time, TFLOPS, MFU against the GPU's datasheet peak for the
+# mode's dtype, memory), against fp32 and against tf32. Then fp8_tensorwise and fp8_rowwise
+# against bf16 on the ViT, compiled (needs pip install -e '.[fp8]'). No network needed.
 #   scripts/gpu_bench.sh                     # on a machine with a CUDA GPU (H200: ~10 min)
 #   scripts/gpu_bench.sh trainer.max_steps=30   # extra Hydra overrides for every run
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_bench.sh   # the same commands on the CPU, tiny and uncompiled
@@ -69,10 +70,24 @@ for name in resnet50 vit gpt llama; do
     "trainer.compile=$compiled" "${common[@]}" "${args[@]}" "tracking.experiment=$exp" "$@" \
     || status=$?
   echo
-  "$PY" -m ampsweep report --sweep latest --experiment "$exp" \
-    || echo "(ampsweep report failed or is not available in this checkout)"
+  "$PY" -m ampsweep report --experiment "$exp" --wide || status=$?
   echo
-  "$PY" scripts/sweep_table.py --experiment "$exp" --speedup fp32 --speedup tf32 || status=$?
+  "$PY" -m ampsweep report --experiment "$exp" --wide --baseline tf32 || status=$?
   echo
 done
+
+# fp8 (torchao's float8 training of the ViT's eligible Linear layers) against bf16, compiled, as
+# fp8 is meant to run: what fp8 tensor cores buy (compute capability 8.9+). In the dry run,
+# torchao's emulation (no compile: the emulation does not compile); its speed means nothing.
+fp8_modes=bf16,fp8_tensorwise,fp8_rowwise
+fp8_args=(trainer.compile=true)
+if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
+  fp8_args=(trainer.compile=false precision.fp8.emulate=true)
+fi
+echo "=== vit: precision=$fp8_modes ${fp8_args[*]}"
+"$PY" -m ampsweep train -m experiment=precision_sweep_gpu "precision=$fp8_modes" \
+  "${fp8_args[@]}" "${common[@]}" "${vit[@]}" tracking.experiment=gpu_bench_vit_fp8 "$@" \
+  || status=$?
+echo
+"$PY" -m ampsweep report --experiment gpu_bench_vit_fp8 --wide --baseline bf16 || status=$?
 exit "$status"

@@ -4,7 +4,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup_venv.sh dev,cluster,timm,hf  # timm and transformers: their models' tests run too
+scripts/setup_venv.sh dev,cluster,fp8,timm,hf  # so the fp8, timm and transformers tests run too
 .venv/bin/ruff check src tests scripts examples
 .venv/bin/ruff format --check src tests scripts examples
 .venv/bin/lint-imports  # the package's layers and no import cycles (pyproject.toml)

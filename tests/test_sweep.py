@@ -112,7 +112,10 @@ def test_a_failing_job_fails_its_child_and_the_parent_not_the_sweep(tmp_path, st
     assert res.returncode != 0
     assert "2 of 4 jobs failed" in res.stderr
     # Hydra's basic sweeper runs the product in override order: fp32 jobs 0-1, tf32 jobs 2-3.
-    assert "#2 tf32-cnn-digits-2 (precision=tf32 needs a CUDA GPU" in res.stderr
+    assert "#2 tf32-cnn-digits-2 (FAILED); #3 tf32-cnn-digits-3 (FAILED)" in res.stderr
+    # Each job's error is said once when it fails (and once more in the report's findings).
+    assert res.stderr.count("precision=tf32 needs a CUDA GPU") == 2
+    assert res.stdout.count("precision=tf32 needs a CUDA GPU") == 2
     assert "Traceback" not in res.stderr
     _, parents, kids = _runs(store)
     assert len(parents) == 1 and parents[0].info.status == "FAILED"
@@ -152,7 +155,7 @@ def test_report_says_what_is_missing_in_one_line(tmp_path, store):
     assert res.returncode == 2
     assert "no MLflow store at" in res.stderr and "Traceback" not in res.stderr
     res = run_cli(["report", "--tracking-uri", store], cwd=tmp_path)  # a store, but empty
-    assert res.returncode == 2 and "no sweep in this store" in res.stderr
+    assert res.returncode == 2 and "no sweep with runs in this store" in res.stderr
     res = run_cli(["report", "--baseline", "fp8"], cwd=tmp_path)
     assert res.returncode == 2 and "--baseline fp8: not a precision mode" in res.stderr
 

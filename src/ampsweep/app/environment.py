@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import socket
 import subprocess
 from pathlib import Path
 
@@ -110,10 +109,6 @@ def cpu_half_precision_isa() -> list[str]:
 
 
 def run_tags(device: torch.device) -> dict[str, str]:
-    """Where a run happened: the device, the host, Python (the code version is tagged once,
-    when the run starts)."""
-    return {
-        **device_tags(device),
-        "host": socket.gethostname(),
-        "python_version": platform.python_version(),
-    }
+    """Where a run happened: the device and Python (the code version, host and pid are tagged
+    once, when the run starts)."""
+    return {**device_tags(device), "python_version": platform.python_version()}

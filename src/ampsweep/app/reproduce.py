@@ -15,6 +15,8 @@ both runs' final metrics are printed side by side with their differences.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import tempfile
 from pathlib import Path
 
@@ -71,6 +73,20 @@ def _uri_of(overrides: list[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _no_progress_bar():
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    saved = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved
+
+
 def fetch(run_id: str, overrides: list[str]):
     """The run and its logged config text, from the configured store."""
     uri = store.resolve_uri(_uri_of(overrides))
@@ -84,7 +100,8 @@ def fetch(run_id: str, overrides: list[str]):
         )
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = client.download_artifacts(run_id, "config.yaml", tmp)
+            with _no_progress_bar():  # one small file: MLflow's bar would only be noise
+                path = client.download_artifacts(run_id, "config.yaml", tmp)
         except Exception:
             raise ConfigError(
                 f"RUN_ID={run_id}: the run has no config.yaml artifact (not an ampsweep run, or "

@@ -177,7 +177,7 @@ def to_config(cfg) -> Config:
             # used with --config-path <run dir>/.hydra): type it by merging onto the schema.
             cfg = OmegaConf.merge(OmegaConf.structured(Schema), cfg)
         _refuse_unknown_keys(cfg)
-        sections = {f.name: cfg[f.name] for f in fields(Schema)}
+        sections = {f.name: cfg[f.name] for f in fields(Config)}  # Schema's sweep: the command's
         typed = {
             name: _component(name, node) if name in COMPONENTS else OmegaConf.to_object(node)
             for name, node in sections.items()
@@ -313,12 +313,7 @@ def is_hydra_override(override: str) -> bool:
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """Every job a ``-m`` command would launch, as plain override lists (basic sweeper
     semantics: the cartesian product of the comma/range/choice sweeps)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as err:
-        raise ConfigError(messages.explain(err, overrides, None)) from None
+    parsed = _parse(overrides)
     axes: list[list[str]] = []
     for ov in parsed:
         key = ov.get_key_element()
@@ -341,6 +336,76 @@ def sweep_params_of(
     return [f"{k}={v}" for k, v in params.items() if k not in given]
 
 
+REPEATS, SEED = "sweep.repeats", "trainer.seed"
+
+
+def _key(override: str) -> str:
+    return override.lstrip("~+").split("=", 1)[0]
+
+
+def repeat_overrides(
+    overrides: list[str],
+    conf: Path | None = None,
+    config_name: str = CONFIG_NAME,
+    search: Sequence[str] = (),
+) -> tuple[list[str], list[str], int]:
+    """A sweep's ``sweep.repeats=N`` as what Hydra's sweeper runs: a ``trainer.seed`` sweep of
+    N seeds from the configured seed on (``trainer.seed=5 sweep.repeats=3``: seeds 5, 6, 7),
+    crossed with the rest of the sweep. Returns the overrides to drop, those to add, and N.
+
+    The jobs are then exactly those of an explicit ``trainer.seed=0,1,2`` sweep, and record
+    the seed they ran with; so both commands give the same runs and the same report."""
+    conf = Path(conf or config_dir())
+    plain = [o for o in overrides if not is_hydra_override(o)]
+    parsed = _parse(plain)
+    swept = {ov.get_key_element() for ov in parsed if ov.is_sweep_override()}
+    if REPEATS in swept:
+        raise ConfigError(
+            f"{_given(plain, REPEATS)}: sweep.repeats cannot itself be swept: give one number, "
+            "e.g. sweep.repeats=3"
+        )
+    first = expand_sweep(plain)[0]
+    search = [*search, *searchpath_of(overrides)]
+    cfg = compose(first, conf, config_name, search=search)
+    repeats = _repeats_of(cfg)
+    if repeats == 1:
+        return [], [], 1
+    params = sweep_params_of(conf, config_name, first, search)
+    if SEED in swept or any(_key(p) == SEED for p in params):
+        raise ConfigError(
+            f"sweep.repeats={repeats} with a trainer.seed sweep: each sets the seeds: give "
+            f"sweep.repeats={repeats} (seeds trainer.seed, trainer.seed + 1, ...) or the seeds, "
+            "e.g. trainer.seed=0,1,2, not both"
+        )
+    base = int(cfg.trainer.seed)
+    seeds = ",".join(str(base + i) for i in range(repeats))
+    drop = [o for o in plain if _key(o) in (REPEATS, SEED)]
+    return drop, [f"{SEED}={seeds}"], repeats
+
+
+def _repeats_of(cfg) -> int:
+    repeats = cfg.sweep.repeats
+    if repeats < 1:
+        raise ConfigError(
+            f"sweep.repeats={repeats} must be >= 1: the runs of each configuration, e.g. "
+            "sweep.repeats=3 for a mean with a confidence interval"
+        )
+    return int(repeats)
+
+
+def _given(overrides: list[str], key: str) -> str:
+    return next((o.lstrip("~+") for o in overrides if _key(o) == key), key)
+
+
+def _parse(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:
+        raise ConfigError(messages.explain(err, overrides, None)) from None
+
+
 def validate_command(
     overrides: list[str],
     multirun: bool,
@@ -348,13 +413,21 @@ def validate_command(
     config_name: str = CONFIG_NAME,
     search: Sequence[str] = (),
 ) -> list[Config]:
-    """Compose and validate every job of the command. Raises ConfigError. ``search``: the
-    user's config folders (``--config-dir``; a ``hydra.searchpath`` override is read too)."""
+    """Compose and validate every job of the command (a sweep's ``sweep.repeats`` already
+    turned into seeds by ``repeat_overrides``). Raises ConfigError. ``search``: the user's
+    config folders (``--config-dir``; a ``hydra.searchpath`` override is read too)."""
     conf = Path(conf or config_dir())
     search = [*search, *searchpath_of(overrides)]
     plain = normalise_overrides([o for o in overrides if not is_hydra_override(o)])
     if not multirun:
-        return [load(plain, conf, config_name, search)]
+        cfg = compose(plain, conf, config_name, search=search)
+        repeats = _repeats_of(cfg)
+        if repeats > 1:
+            raise ConfigError(
+                f"sweep.repeats={repeats} repeats the configurations of a sweep: add -m, e.g. "
+                f"ampsweep train -m sweep.repeats={repeats} precision=fp32,bf16"
+            )
+        return [to_config(_strip_hydra(cfg))]
     jobs = expand_sweep(plain)
     extra = sweep_params_of(conf, config_name, jobs[0], search)
     if extra:

@@ -193,6 +193,14 @@ class TrackingConfig:
     metrics_flush_seconds: float = 10.0
     metrics_flush_every: int = 0
     skip_finished: bool = True  # a sweep relaunch skips jobs whose identical config FINISHED
+    # The trained model as an MLflow model of the run (runs:/<run id>/model), and, when
+    # register_model names one, a new version of that registered model per run.
+    log_model: bool = True
+    register_model: str | None = None
+    # The machine's load (CPU, memory, disk, network; GPUs through NVML) as MLflow's system/
+    # metrics, sampled every system_metrics_interval seconds on a background thread.
+    system_metrics: bool = True
+    system_metrics_interval: float = 2.0
 
 
 @dataclass
@@ -201,6 +209,17 @@ class DiagnosticsConfig:
 
     every: int = 0  # optimizer steps between measurements (0: off; it costs a pass over grads)
     per_layer: bool = True  # write a per-layer table artifact at the end of the run
+
+
+@dataclass
+class SweepConfig:
+    """How a sweep (``-m``) runs each of its configurations. The command reads it, when it
+    expands the sweep into jobs; a job is one run and records the seed it ran with, so this
+    section is not part of a run's ``Config``."""
+
+    # Runs of every configuration, with seeds trainer.seed, trainer.seed + 1, ...: the report
+    # then gives each mode's mean with a 95% confidence interval, paired by seed with fp32.
+    repeats: int = 1
 
 
 # ---------------------------------------------------------------- root
@@ -231,6 +250,7 @@ class Schema:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)  # the command's, not a run's
 
 
 @dataclass
@@ -304,11 +324,27 @@ def validate(cfg: Config) -> list[str]:
             "positive std (one value per channel, or both empty for the data set's own)"
         )
     p.extend(modes.problems(cfg.precision))
+    mode = modes.get(cfg.precision.name)
+    if mode is not None and mode.fp8 and cfg.precision.fp8.emulate and t.compile:
+        p.append(
+            f"precision.fp8.emulate=true cannot run with trainer.compile=true "
+            f"(precision={mode.name}): torchao's fp8 emulation does not compile: drop "
+            "trainer.compile for an emulated run (compile is for real fp8 on a GPU)"
+        )
     if cfg.tracking.metrics_flush_every < 0:
         p.append(f"tracking.metrics_flush_every={cfg.tracking.metrics_flush_every} must be >= 0")
     if not cfg.tracking.metrics_flush_seconds >= 0:
         p.append(
             f"tracking.metrics_flush_seconds={cfg.tracking.metrics_flush_seconds} must be >= 0"
+        )
+    tr = cfg.tracking
+    _positive(p, "tracking.system_metrics_interval", tr.system_metrics_interval, "use e.g. 2.0")
+    if tr.register_model is not None and not str(tr.register_model).strip():
+        p.append("tracking.register_model='' is empty: give the registered model's name")
+    elif tr.register_model and not tr.log_model:
+        p.append(
+            f"tracking.register_model={tr.register_model} needs the model logged: drop "
+            "tracking.log_model=false, or tracking.register_model"
         )
     return p
 

@@ -23,7 +23,7 @@ from ampsweep.engine import distributed
 from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.tasks import Objective, default_objective
-from ampsweep.measure import flops
+from ampsweep.measure import flops, memory
 from ampsweep.measure.divergence import NonfiniteWatch
 from ampsweep.measure.memory import SavedTensorMeter, peak_memory
 from ampsweep.measure.timing import StepTimer
@@ -254,7 +254,9 @@ def _reached_max_steps(state: TrainState, max_steps: int) -> bool:
     return 0 < max_steps <= state.step
 
 
-@torch.inference_mode()
+# no_grad rather than inference_mode: torchao's float8 layers (the fp8 modes) refuse the
+# inference tensors that inference_mode makes.
+@torch.no_grad()
 def evaluate(
     model, batches: Batches, policy: PrecisionPolicy, objective: Objective | None = None
 ) -> tuple[float, float]:
@@ -308,6 +310,12 @@ def summarise(
         module = distributed.unwrap(s.model)
         step_flops = flops.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
         summary.update(flops.speed_metrics(step_flops, median_ms, s.device, s.policy))
+    # What one sample and the model cost in memory, and the largest batch that would fit
+    # (untimed, like the FLOPs); the layers an fp8 mode converted.
+    x, y = next(iter(s.train_batches.epoch(0)))
+    module = distributed.unwrap(s.model)
+    summary.update(memory.capacity_metrics(module, s.optimizer, x, y, s.policy, s.objective))
+    summary.update(s.fp8.metrics())
     if distributed.current().enabled:
         # One run for the whole group: throughput adds up, memory is the worst rank's.
         rates = ("perf/samples_per_s", "perf/tokens_per_s")
