@@ -13,7 +13,8 @@ from ampsweep.engine import build as train
 from ampsweep.engine import loop
 from ampsweep.precision.modes import MODES
 
-CPU_MODES = [name for name, mode in MODES.items() if "cpu" in mode.devices]
+# fp8 runs on a CPU only in torchao's emulation, which does not compile (its own tests).
+CPU_MODES = [name for name, mode in MODES.items() if "cpu" in mode.devices and not mode.fp8]
 TINY = [
     "tracking=none",
     "trainer.progress=false",
@@ -44,7 +45,8 @@ def test_channels_last_trains_in_every_mode(mode):
 
 
 def test_cpu_modes_cover_every_mode_but_the_cuda_only_ones():
-    assert set(CPU_MODES) == set(MODES) - {"tf32", "fp16_pure"}
+    fp8 = {name for name, mode in MODES.items() if mode.fp8}
+    assert set(CPU_MODES) == set(MODES) - {"tf32", "fp16_pure"} - fp8
 
 
 @pytest.mark.slow
