@@ -13,7 +13,10 @@ is not timed):
   plain loop       a hand-written loop: autocast, GradScaler, AdamW, the same model, data,
                    batch size and shuffling, preloaded tensors indexed on the device
   runner           ampsweep's loop, tracking=none, dataset.preload=true
-  runner+mlflow    the same, logging to MLflow (a temporary SQLite store), final flush timed
+  runner+mlflow    the same, logging to MLflow (a temporary SQLite store), final flush timed,
+                   with system metrics sampled while it trains (tracking.system_metrics, every
+                   tracking.system_metrics_interval s); the data sets are recorded before and
+                   the model logged after the timed span (both once per run, not per step)
   runner+loader    the same as "runner" but dataset.preload=false (a DataLoader per epoch)
 
 Every run does the same work: ``--steps`` optimizer steps, then one evaluation of the
@@ -48,6 +51,7 @@ import torch.nn.functional as F  # noqa: E402
 from ampsweep.config.compose import load  # noqa: E402
 from ampsweep.engine import build, data, models  # noqa: E402
 from ampsweep.engine.data.batches import seed_for  # noqa: E402
+from ampsweep.engine.export import snapshot  # noqa: E402
 from ampsweep.engine.loop import fit  # noqa: E402
 from ampsweep.precision import policy  # noqa: E402
 from ampsweep.tracking import store as mlflow_store  # noqa: E402
@@ -194,12 +198,19 @@ def runner(cfg, store: str | None) -> tuple[float, float]:
     if store:
         cfg.tracking.uri = store
         recorder = MlflowRecorder.start(cfg.tracking, "bench", uri=store)
+        recorder.log_inputs(setup.data_inputs)
+    t = cfg.tracking
+    if t.system_metrics:  # sampled on a background thread while the steps run: timed
+        recorder.start_system_metrics(t.system_metrics_interval)
     sync(setup.device)
     start = time.perf_counter()
     summary = fit(setup, recorder.log_metrics)
     recorder.flush()  # the run's metrics have landed in the store
     sync(setup.device)
     wall = time.perf_counter() - start
+    recorder.stop_system_metrics()
+    if store and t.log_model:  # after the training it records: not timed
+        recorder.log_model(snapshot(setup.model, setup.val_batches), int(summary["train/steps"]))
     recorder.end(mlflow_store.FINISHED)
     return wall, summary.get("perf/step_time_ms", float("nan"))
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Speed on a GPU, honestly measured: experiment=precision_sweep_gpu on ResNet-50 with
 # synthetic 224x224 images and on a ViT-B/16-sized VisionTransformer, channels_last, with and
-# without torch.compile; then the report of each sweep and the speed table (samples/s, TFLOPS,
-# MFU against the GPU's datasheet peak for the mode's dtype). No network needed.
+# without torch.compile; experiment=precision_sweep_lm on a GPT-2-small-sized GPT and a
+# Llama-shaped Hugging Face model (fp32 and bf16, compiled); then the report of each sweep with
+# every column (samples/s, step time, TFLOPS, MFU against the GPU's datasheet peak for the
+# mode's dtype, memory), against fp32 and against tf32. Then fp8_tensorwise and fp8_rowwise
+# against bf16 on the ViT, compiled (needs pip install -e '.[fp8]'). No network needed.
 #   scripts/gpu_bench.sh                     # on a machine with a CUDA GPU (H200: ~10 min)
 #   scripts/gpu_bench.sh trainer.max_steps=30   # extra Hydra overrides for every run
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_bench.sh   # the same commands on the CPU, tiny and uncompiled
@@ -24,6 +27,17 @@ r50=(model=resnet50 dataset.image_size=224 dataset.num_samples=2560 trainer.batc
 vit=(model=vit dataset.image_size=224 dataset.num_samples=2560 trainer.batch_size=128
      model.patch_size=16 model.hidden_dim=768 model.num_layers=12 model.num_heads=12
      model.mlp_dim=3072)
+# Language models on the standard library's source (experiment=precision_sweep_lm), in fp32
+# and bf16 with torch.compile: a GPT-2-small-sized GPT, and a Llama-shaped Hugging Face model
+# (needs the hf extra; the experiment's GPT size keys are dropped), sequences of 1024 tokens.
+lm_modes=fp32,bf16
+lm_compile=true
+gpt=(model=gpt model.n_layer=12 model.n_head=12 model.n_embd=768 model.block_size=1024
+     dataset.seq_len=1024 dataset.max_bytes=4000000 trainer.batch_size=16)
+llama=(model=hf_causal_lm ~model.n_layer ~model.n_head ~model.n_embd ~model.block_size
+       model.arch=llama model.hidden_size=1024 model.num_hidden_layers=8
+       model.num_attention_heads=16 dataset.seq_len=1024 dataset.max_bytes=4000000
+       trainer.batch_size=16)
 if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
   modes=fp32,bf16
   compile=false
@@ -32,22 +46,48 @@ if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
   r50=(model=resnet50 dataset.image_size=32 dataset.num_samples=64 trainer.batch_size=8)
   vit=(model=vit dataset.image_size=32 dataset.num_samples=64 trainer.batch_size=8
        model.patch_size=16 model.hidden_dim=32 model.num_layers=1 model.num_heads=2 model.mlp_dim=64)
+  lm_compile=false
+  gpt=(model=gpt model.n_layer=1 model.n_head=2 model.n_embd=32 model.block_size=32
+       dataset.seq_len=32 dataset.max_bytes=20000 trainer.batch_size=4)
+  llama=(model=hf_causal_lm ~model.n_layer ~model.n_head ~model.n_embd ~model.block_size
+         model.arch=llama model.hidden_size=32 model.num_hidden_layers=1
+         model.num_attention_heads=2 dataset.seq_len=32 dataset.max_bytes=20000 trainer.batch_size=4)
   echo "gpu_bench: DRY RUN on the CPU (tiny sizes, no compile; numbers mean nothing)"
 fi
 
 status=0
-for name in resnet50 vit; do
-  if [ "$name" = resnet50 ]; then args=("${r50[@]}"); else args=("${vit[@]}"); fi
+for name in resnet50 vit gpt llama; do
+  experiment=precision_sweep_gpu; mode_list=$modes; compiled=$compile
+  case "$name" in
+    resnet50) args=("${r50[@]}") ;;
+    vit) args=("${vit[@]}") ;;
+    gpt) args=("${gpt[@]}"); experiment=precision_sweep_lm; mode_list=$lm_modes; compiled=$lm_compile ;;
+    llama) args=("${llama[@]}"); experiment=precision_sweep_lm; mode_list=$lm_modes; compiled=$lm_compile ;;
+  esac
   exp="gpu_bench_$name"
-  echo "=== $name: precision=$modes trainer.compile=$compile"
-  "$PY" -m ampsweep train -m experiment=precision_sweep_gpu "precision=$modes" \
-    "trainer.compile=$compile" "${common[@]}" "${args[@]}" "tracking.experiment=$exp" "$@" \
+  echo "=== $name: precision=$mode_list trainer.compile=$compiled"
+  "$PY" -m ampsweep train -m "experiment=$experiment" "precision=$mode_list" \
+    "trainer.compile=$compiled" "${common[@]}" "${args[@]}" "tracking.experiment=$exp" "$@" \
     || status=$?
   echo
-  "$PY" -m ampsweep report --sweep latest --experiment "$exp" \
-    || echo "(ampsweep report failed or is not available in this checkout)"
+  "$PY" -m ampsweep report --experiment "$exp" --wide || status=$?
   echo
-  "$PY" scripts/sweep_table.py --experiment "$exp" --speedup fp32 --speedup tf32 || status=$?
+  "$PY" -m ampsweep report --experiment "$exp" --wide --baseline tf32 || status=$?
   echo
 done
+
+# fp8 (torchao's float8 training of the ViT's eligible Linear layers) against bf16, compiled, as
+# fp8 is meant to run: what fp8 tensor cores buy (compute capability 8.9+). In the dry run,
+# torchao's emulation (no compile: the emulation does not compile); its speed means nothing.
+fp8_modes=bf16,fp8_tensorwise,fp8_rowwise
+fp8_args=(trainer.compile=true)
+if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
+  fp8_args=(trainer.compile=false precision.fp8.emulate=true)
+fi
+echo "=== vit: precision=$fp8_modes ${fp8_args[*]}"
+"$PY" -m ampsweep train -m experiment=precision_sweep_gpu "precision=$fp8_modes" \
+  "${fp8_args[@]}" "${common[@]}" "${vit[@]}" tracking.experiment=gpu_bench_vit_fp8 "$@" \
+  || status=$?
+echo
+"$PY" -m ampsweep report --experiment gpu_bench_vit_fp8 --wide --baseline bf16 || status=$?
 exit "$status"

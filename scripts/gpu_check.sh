@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The core runner on a CUDA GPU: fp32, tf32, fp16, bf16 and bf16_pure on ResNet-18 with
-# synthetic 32x32 data (no network, no files), then samples/s, peak memory and accuracy per
-# mode. Runs are recorded in outputs/mlflow.db (experiment gpu_check).
+# synthetic 32x32 data (no network, no files), then the sweep's report with every column
+# (samples/s, peak memory, MFU, max batch, accuracy per mode); then `ampsweep capacity`: the
+# largest batch of fp32, fp16 and bf16 searched beside its prediction. Runs are recorded in
+# outputs/mlflow.db (experiments gpu_check, gpu_check_capacity).
 #   scripts/gpu_check.sh                     # on a machine with a CUDA GPU
 #   scripts/gpu_check.sh trainer.epochs=5    # extra Hydra overrides for every run
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_check.sh   # the same commands on the CPU, tiny (checks the
@@ -25,4 +27,22 @@ fi
   dataset.image_size=32 dataset.channels=3 dataset.num_classes=10 "${size[@]}" \
   trainer.progress=false tracking.experiment=gpu_check "$@"
 echo
-"$PY" scripts/sweep_table.py --experiment gpu_check --speedup fp32
+"$PY" -m ampsweep report --experiment gpu_check --wide
+echo
+
+# The largest batch each mode fits on this GPU, found by trying (doubling, then bisecting,
+# recovering from out-of-memory errors), beside the prediction from the activation bytes per
+# sample and the batch-independent memory each measures: the target is a prediction within 15%
+# of the measurement. The dry run only predicts, for a small budget (the search needs CUDA).
+cap_modes=fp32,fp16,bf16
+cap=(model=resnet18 dataset=synthetic dataset.image_size=32 dataset.channels=3
+     dataset.num_classes=10 dataset.num_samples=1024 trainer.batch_size=256 trainer.device=cuda)
+budget=()
+if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
+  cap_modes=fp32,bf16
+  cap=(model=resnet18 dataset=synthetic dataset.image_size=32 dataset.channels=3
+       dataset.num_classes=10 dataset.num_samples=64 trainer.batch_size=8 trainer.device=cpu)
+  budget=(--memory-budget 256MiB)
+fi
+"$PY" -m ampsweep capacity "${budget[@]}" "precision=$cap_modes" "${cap[@]}" \
+  tracking.experiment=gpu_check_capacity

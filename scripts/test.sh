@@ -7,11 +7,9 @@
 # checkout (every test runs in a temporary folder of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup_venv.sh dev,cluster
-paths=(src tests scripts)
-[ -d examples ] && paths+=(examples)
-.venv/bin/ruff check "${paths[@]}"
-.venv/bin/ruff format --check "${paths[@]}"
+scripts/setup_venv.sh dev,cluster,fp8,timm,hf  # so the fp8, timm and transformers tests run too
+.venv/bin/ruff check src tests scripts examples
+.venv/bin/ruff format --check src tests scripts examples
 .venv/bin/lint-imports  # the package's layers and no import cycles (pyproject.toml)
 
 stamp="$(mktemp)"

@@ -41,7 +41,7 @@ def test_report_says_what_is_missing_in_one_line(tmp_path, store_uri, main):
     assert "no MLflow store at" in result.err and "Traceback" not in result.err
     assert not (tmp_path / "nowhere.db").exists()  # a report never creates a store
     result = main("report", "--tracking-uri", store_uri)  # a store, but empty
-    assert result.code == 2 and "no sweep in this store" in result.err
+    assert result.code == 2 and "no sweep with runs in this store" in result.err
     result = main("report", "--baseline", "fp8")
     assert result.code == 2 and "--baseline fp8: not a precision mode" in result.err
     result = main("report", "--tracking-uri", store_uri, "--sweep", "0123456789abcdef")

@@ -158,7 +158,10 @@ def test_a_failing_job_fails_its_child_and_the_parent_not_the_sweep(store_uri, q
     assert result.code == 1
     assert "2 of 4 jobs failed" in result.err
     # Hydra's basic sweeper runs the product in override order: fp32 jobs 0-1, tf32 jobs 2-3.
-    assert "#2 tf32-mlp-digits-2 (precision=tf32 needs a CUDA GPU" in result.err
+    assert "#2 tf32-mlp-digits-2 (FAILED); #3 tf32-mlp-digits-3 (FAILED)" in result.err
+    # Each job's error is said once when it fails (and once more in the report's findings).
+    assert result.err.count("precision=tf32 needs a CUDA GPU") == 2
+    assert result.out.count("precision=tf32 needs a CUDA GPU") == 2
     assert "Traceback" not in result.err
     runs = all_runs(store_uri)
     parents = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]

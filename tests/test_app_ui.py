@@ -68,6 +68,9 @@ def test_the_link_opens_the_newest_sweep_in_the_classic_runs_view(store_uri):
     exp = client.create_experiment("ampsweep")
     parent = client.create_run(exp, run_name="sweep-1", tags={store.SWEEP: "true"})
     link, about = ui.experiment_link(store_uri, "http://h:1")
+    assert "newest sweep" not in about  # a sweep without runs yet is not worth opening
+    client.create_run(exp, run_name="fp32-cnn-digits", tags={store.PARENT: parent.info.run_id})
+    link, about = ui.experiment_link(store_uri, "http://h:1")
     assert link == f"http://h:1/#/experiments/{exp}?workflowType=machine_learning"
     assert f"/runs/{parent.info.run_id}?workflowType=machine_learning" in about
     assert "newest sweep sweep-1" in about

@@ -86,5 +86,5 @@ def test_queries(store_uri):
     assert store.finished_twin(client, "e", "abc").info.run_id == other.info.run_id
     assert store.finished_twin(client, "e", "xyz") is None
     assert store.finished_twin(client, "no such experiment", "abc") is None
-    running = store.running_children(client, exp, [parent.info.run_id])
+    running = store.running_children(client, parent)
     assert sorted(r.info.run_id for r in running) == sorted(k.info.run_id for k in kids)

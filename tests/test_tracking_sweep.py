@@ -91,7 +91,7 @@ def test_a_failed_job_fails_the_sweep_and_is_described(begun):
     result = sweep.conclude(info, interrupted=False)
     assert result.status == store.FAILED
     assert result.describe_failures() == [
-        "#1 job-1 (precision=tf32 needs a CUDA GPU)",
+        "#1 job-1 (FAILED)",  # its error was printed when it failed
         "#2 job-2 (KILLED)",
     ]
     tags = client.get_run(info.parent_run_id).data.tags

@@ -1,4 +1,4 @@
-"""The ``ampsweep`` command: train, report, reproduce, ui.
+"""The ``ampsweep`` command: train, report, reproduce, capacity, ui.
 
 Kept light at import time: torch and mlflow are imported only by the subcommands that need
 them, so ``--help`` and config errors answer at once.
@@ -22,9 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    from ampsweep.app import reproduce
+    from ampsweep.app import capacity, reproduce
+    from ampsweep.precision.modes import BASELINE
 
     reproduce.add_parser(sub)
+    capacity.add_parser(sub)
     store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
     rep = sub.add_parser(
         "report",
@@ -35,14 +37,37 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--sweep", default="latest", help="'latest' (default) or a parent run id")
     rep.add_argument("--experiment", help="look for the latest sweep only in this experiment")
     rep.add_argument(
-        "--format", choices=["table", "markdown", "csv", "json"], default="table", dest="fmt"
+        "--format",
+        choices=["table", "markdown", "csv", "json"],
+        default="table",
+        dest="fmt",
+        help="table (the default, at the console), markdown, csv or json (every column)",
     )
-    rep.add_argument("--baseline", default="fp32", help="the mode to compare with (default fp32)")
+    rep.add_argument(
+        "--wide", action="store_true", help="every column in the table (default: fits 100 columns)"
+    )
+    rep.add_argument(
+        "--baseline", default=BASELINE, help=f"the mode to compare with (default {BASELINE})"
+    )
+    rep.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="the largest batch each mode fits in this memory, e.g. 80GiB (default on CUDA: "
+        "the GPU's memory; on a CPU: no max batch column)",
+    )
     rep.add_argument("--tracking-uri", help=store_help)
     rep.set_defaults(func=cmd_report)
     ui = sub.add_parser("ui", help="open the MLflow UI over ampsweep's store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    ui.add_argument(
+        "--allowed-hosts",
+        help="Host headers other machines use to reach it, comma-separated (e.g. "
+        "mlflow.lab.example:5000,10.0.0.7:5000); MLflow refuses others with 403",
+    )
+    ui.add_argument(
+        "--cors-allowed-origins", help="browser origins allowed to call its API, comma-separated"
+    )
     ui.add_argument("--tracking-uri", help=store_help)
     ui.set_defaults(func=cmd_ui)
     return parser
@@ -65,7 +90,7 @@ def _open_store(uri_arg: str | None):
 
 
 def cmd_report(args) -> int:
-    from ampsweep.app import console
+    from ampsweep.app import capacity, console
     from ampsweep.config.schema import ConfigError
     from ampsweep.precision.modes import MODES
     from ampsweep.report import render, sweeps
@@ -75,14 +100,19 @@ def cmd_report(args) -> int:
         console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {choices}")
         return 2
     try:
+        budget = capacity.parse_budget(args.memory_budget)
         client = _open_store(args.tracking_uri)
-        parent = sweeps.find_sweep(client, args.sweep, args.experiment)
+        parent, passed_over = sweeps.find_sweep(client, args.sweep, args.experiment)
         sweep, runs = sweeps.load_sweep(client, parent)
     except (sweeps.ReportError, ConfigError) as err:
         console.error(str(err))
         return 2
-    rep = sweeps.make_report(sweep, runs, args.baseline)
-    text = render.render(rep, args.fmt)
+    for empty in passed_over:
+        console.note(
+            f"skipped the newer sweep {empty.info.run_name} ({empty.info.run_id}): it has no runs"
+        )
+    rep = sweeps.make_report(sweep, runs, args.baseline, budget)
+    text = render.render(rep, args.fmt, console.console, wide=args.wide)
     if text is not None:
         sys.stdout.write(text)
     return 0
@@ -94,7 +124,8 @@ def cmd_ui(args) -> int:
     from ampsweep.tracking import store
 
     try:
-        return ui.serve(store.resolve_uri(args.tracking_uri), args.host, args.port)
+        uri = store.resolve_uri(args.tracking_uri)
+        return ui.serve(uri, args.host, args.port, args.allowed_hosts, args.cors_allowed_origins)
     except (ui.UIError, ConfigError) as err:
         console.error(str(err))
         return 2

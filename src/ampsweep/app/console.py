@@ -1,4 +1,9 @@
-"""What a run shows at the console: a progress bar per epoch, then a summary."""
+"""What a run shows at the console: a progress bar per epoch, then a summary.
+
+At a terminal, text is word-wrapped at its width. When the output is not a terminal (a log
+file, CI, ``tee``) nothing is wrapped (``soft_wrap``): a path or a run id stays whole on one
+line, and tables are laid out for 100 columns instead of rich's assumed 80.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(highlight=False)
-errors = Console(stderr=True, highlight=False)
+PIPED_WIDTH = 100  # tables in a log file: rich would assume 80 columns
+
+
+def _console(stderr: bool = False) -> Console:
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(
+        stderr=stderr, highlight=False, soft_wrap=not tty, width=None if tty else PIPED_WIDTH
+    )
+
+
+console = _console()
+errors = _console(stderr=True)
 
 
 @contextlib.contextmanager
@@ -26,9 +41,15 @@ def quiet_unless_main(is_main: bool):
 
 
 def error(message: str) -> None:
-    """One line on stderr, no traceback. The message is text, never markup: errors quote
-    paths and library messages such as gloo's "[/path/pair.cc:545] Connection closed"."""
-    errors.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, markup=True)
+    """One line on stderr, no traceback. The message is plain text, never markup: errors quote
+    paths, library messages such as gloo's "[/path/pair.cc:545] Connection closed" and fixes
+    such as pip install 'ampsweep[cluster]'."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+
+
+def note(message: str) -> None:
+    """A remark on stderr that does not change the outcome (plain text, as for error)."""
+    errors.print(f"[dim]note:[/] {escape(message)}", markup=True)
 
 
 def progress_bar(wanted: bool):
@@ -86,12 +107,25 @@ def print_summary(title: str, summary: dict, where: str | None) -> None:
     table = Table(title=title, show_header=False, title_justify="left", box=None)
     table.add_column(style="bold")
     table.add_column()
-    rows = [
-        ("validation accuracy", _fmt(summary.get("val/acc"))),
+    rows = []
+    if "val/acc" in summary:
+        rows.append(("validation accuracy", _fmt(summary["val/acc"])))
+    if "val/perplexity" in summary:  # a language model: beside the floor of the same text
+        rows.append(("validation perplexity", _fmt(summary["val/perplexity"], ".3f")))
+        if "data/unigram_perplexity" in summary:
+            rows.append(("unigram baseline", _fmt(summary["data/unigram_perplexity"], ".3f")))
+    rows += [
         ("validation loss", _fmt(summary.get("val/loss"))),
         ("samples/s", _fmt(summary.get("perf/samples_per_s"), ".1f")),
+        *(
+            [("tokens/s", _fmt(summary["perf/tokens_per_s"], ",.0f"))]
+            if "perf/tokens_per_s" in summary
+            else []
+        ),
         ("step time (median)", _fmt(summary.get("perf/step_time_ms"), ".2f") + " ms"),
         ("activation memory", _fmt(summary.get("mem/activation_mib"), ".2f") + " MiB"),
+        ("per sample", _fmt(summary.get("mem/activation_bytes_per_sample"), ",.0f") + " bytes"),
+        ("model memory", _fmt(summary.get("mem/model_mib"), ".2f") + " MiB (batch-independent)"),
         ("peak RSS", _fmt(summary.get("mem/peak_rss_mib"), ".0f") + " MiB"),
     ]
     if "mem/peak_allocated_mib" in summary:
@@ -99,12 +133,22 @@ def print_summary(title: str, summary: dict, where: str | None) -> None:
             ("peak CUDA allocated", _fmt(summary["mem/peak_allocated_mib"], ".0f") + " MiB")
         )
         rows.append(("peak CUDA reserved", _fmt(summary["mem/peak_reserved_mib"], ".0f") + " MiB"))
+    if "mem/max_batch_predicted" in summary:
+        gib = summary.get("mem/budget_gib", float("nan"))
+        rows.append(
+            (
+                "largest batch",
+                f"{summary['mem/max_batch_predicted']:,.0f} (predicted, {gib:.0f} GiB)",
+            )
+        )
+    if "fp8/flop_share" in summary:
+        rows.append(("fp8 FLOPs", _fmt(summary["fp8/flop_share"], ".0%") + " in converted layers"))
     rows.append(("skipped steps", _fmt(summary.get("amp/skipped_steps"), ".0f")))
     if "amp/loss_scale" in summary:
         rows.append(("final loss scale", _fmt(summary["amp/loss_scale"], "g")))
     rows.append(("wall time", _fmt(summary.get("perf/wall_s"), ".1f") + " s"))
-    if where:
-        rows.append(("recorded in", where))
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    if where:
+        console.print(f"recorded in {where}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import socket
 import subprocess
 from pathlib import Path
 
@@ -13,10 +12,12 @@ import ampsweep
 from ampsweep.tracking import store
 
 
-def git_state(start: Path | None = None) -> dict[str, str]:
+def git_state(start: Path | None = None, own: bool = True) -> dict[str, str]:
     """``git_commit`` and ``git_dirty`` of the checkout ampsweep runs from (its source tree if
-    that is a git checkout, else the current folder); empty outside git."""
-    candidates = [Path(ampsweep.__file__).resolve().parent, start or Path.cwd()]
+    that is a git checkout, else the current folder); empty outside git. ``own=False``: of the
+    checkout ``start`` lies in only."""
+    candidates = [Path(ampsweep.__file__).resolve().parent] if own else []
+    candidates.append(start or Path.cwd())
     for folder in candidates:
         try:
             commit = subprocess.run(
@@ -37,6 +38,34 @@ def git_state(start: Path | None = None) -> dict[str, str]:
             continue
         return {store.GIT_COMMIT: commit, store.GIT_DIRTY: str(bool(dirty)).lower()}
     return {}
+
+
+def target_provenance(fn) -> dict[str, str]:
+    """Where a ``_target_`` callable's code came from: the version of the installed
+    distribution that holds its package, the git commit (and dirty state) of the checkout its
+    module lives in, and a SHA-256 of its module's file; each one that can be found."""
+    import hashlib
+    import importlib.metadata
+    import inspect
+    import sys
+
+    out: dict[str, str] = {}
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    top = (getattr(module, "__name__", "") or "").split(".")[0]
+    dists = importlib.metadata.packages_distributions().get(top, [])
+    if dists:
+        dist = dists[0]
+        out["version"] = f"{dist} {importlib.metadata.version(dist)}"
+    try:
+        path = Path(inspect.getfile(module)).resolve() if module else None
+    except TypeError:  # a built-in module has no file
+        path = None
+    if path and path.is_file():
+        out["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        git = git_state(path.parent, own=False)
+        if git:
+            out["git_commit"], out["git_dirty"] = git[store.GIT_COMMIT], git[store.GIT_DIRTY]
+    return out
 
 
 def device_tags(device: torch.device) -> dict[str, str]:
@@ -80,10 +109,6 @@ def cpu_half_precision_isa() -> list[str]:
 
 
 def run_tags(device: torch.device) -> dict[str, str]:
-    """Where a run happened: the device, the host, Python (the code version is tagged once,
-    when the run starts)."""
-    return {
-        **device_tags(device),
-        "host": socket.gethostname(),
-        "python_version": platform.python_version(),
-    }
+    """Where a run happened: the device and Python (the code version, host and pid are tagged
+    once, when the run starts)."""
+    return {**device_tags(device), "python_version": platform.python_version()}

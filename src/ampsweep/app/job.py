@@ -3,9 +3,10 @@
 A ``Job`` runs in explicit phases: ``plan`` (the config as it will run here, the run's name,
 skip it if an identical config already FINISHED, the checkpoint to resume), ``open`` (the
 recorder: a new MLflow run, or the resumed one), ``train`` (``engine.loop.fit``) and ``close``
-(final metrics, artifacts, the run's end). Failures never escape as tracebacks: the run is
-ended FAILED with a one-line ``error`` tag (KILLED on Ctrl-C), the message is printed, and the
-outcome says how the job ended so the command can exit non-zero.
+(final metrics, artifacts, the trained model, the run's end: the model and the end on a
+background thread in an in-process sweep, see ``RunCloser``). Failures never escape as
+tracebacks: the run is ended FAILED with a one-line ``error`` tag (KILLED on Ctrl-C), the
+message is printed, and the outcome says how the job ended so the command can exit non-zero.
 
 What the command needs from its jobs (their outcomes) and gives them (extra tags, the sweep it
 launched) travels in a ``CommandContext`` that the task function carries.
@@ -17,16 +18,18 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import threading
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
-from ampsweep.app import console
+from ampsweep.app import console, slurm
 from ampsweep.config.compose import flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
 from ampsweep.tracking import store
-from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder
+from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder, RunCloser
 from ampsweep.tracking.secrets import mask_text
 from ampsweep.tracking.sweep import SweepInfo, record_skip
 
@@ -57,6 +60,7 @@ class CommandContext:
     extra_tags: dict[str, str] = field(default_factory=dict)  # e.g. reproduces=<run id>
     sweep: SweepInfo | None = None  # the sweep this command launched (None: single run)
     outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
+    closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
 
 
 @dataclass
@@ -98,30 +102,47 @@ class TaskFunction:
 
 
 class StopRequest:
-    """SIGTERM / Ctrl-C while a job runs.
+    """SIGTERM / Ctrl-C while a job runs, and the scheduler's warning before it preempts a
+    job or the job reaches its time limit.
 
     While the training loop runs (``deferred``), the first signal only sets ``requested``: the
     loop sees it at the next step boundary, writes a checkpoint and raises Interrupted, so a
     signal never lands in the middle of an optimizer update. Elsewhere, or on a second signal,
-    it raises KeyboardInterrupt at once. The job then ends KILLED and the command exits non-zero.
+    SIGTERM / Ctrl-C raise KeyboardInterrupt at once. The job then ends KILLED and the command
+    exits non-zero.
+
+    ``requeue_signal`` (in a submitit SLURM job: USR2, which SLURM sends ``signal_delay_s``
+    before the time limit or a preemption) is always deferred: the job stops at its next step
+    boundary with a checkpoint (the first one, if it comes before training), its run ends
+    KILLED, and ``hand_over`` gives the job back to submitit, which requeues it; the requeued
+    job resumes the run from the checkpoint. Only rank 0 takes it, as only rank 0 requeues.
     """
 
-    def __init__(self, signal_at: tuple[int, signal.Signals] | None = None) -> None:
+    def __init__(
+        self,
+        requeue_signal: signal.Signals | None = None,
+        signal_at: tuple[int, signal.Signals] | None = None,
+    ) -> None:
         self.requested = False
+        self.requeue = False  # the scheduler will stop the job: checkpoint and requeue
         self.deferring = False
+        self.requeue_signal = requeue_signal
         self.signal_at = signal_at  # (step, signal) of the test hook, if set for this job
         self._previous: dict = {}
+        self._submitit_handler = None
 
     @classmethod
-    def for_job(cls, job_num: int | None, rank: int) -> StopRequest:
+    def for_job(
+        cls, job_num: int | None, rank: int, requeue_signal: signal.Signals | None = None
+    ) -> StopRequest:
         """A stop request with the test hook of SIGNAL_AT_STEP, if it names this job."""
         value = os.environ.get(SIGNAL_AT_STEP)
         if not value:
-            return cls()
+            return cls(requeue_signal)
         step, sig, whom = signal_at_step(value)
         if whom.get("job", job_num) != job_num or whom.get("rank", rank) != rank:
-            return cls()
-        return cls(signal_at=(step, sig))
+            return cls(requeue_signal)
+        return cls(requeue_signal, signal_at=(step, sig))
 
     def after_step(self, step: int) -> None:
         """Called by the training loop after every optimizer step."""
@@ -132,6 +153,9 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            if self.requeue_signal is not None:
+                previous = signal.signal(self.requeue_signal, self._handle_requeue)
+                self._previous[self.requeue_signal] = self._submitit_handler = previous
         return self
 
     def uninstall(self) -> None:
@@ -146,6 +170,29 @@ class StopRequest:
             console.error(f"{name}: stopping after this step, with a checkpoint")
             return
         raise KeyboardInterrupt(name)
+
+    def _handle_requeue(self, signum, frame) -> None:
+        if not self.requeue:
+            console.error(
+                f"{signal.Signals(signum).name}: SLURM will stop this job (preemption or its "
+                "time limit): stopping after this step with a checkpoint, to be requeued"
+            )
+        self.requeue = self.requested = True
+
+    def hand_over(self) -> str | None:
+        """After the job stopped for the requeue signal: submitit's own handler pickles the
+        task again, requeues the job (``scontrol requeue``) and exits (SystemExit). When it
+        will not requeue (``max_num_timeout`` time limits reached) it says why: returned."""
+        from submitit.core.utils import UncompletedJobError
+
+        handler = self._submitit_handler
+        if not callable(handler):
+            return "no submitit handler to requeue the job"
+        try:
+            handler(self.requeue_signal, None)
+        except UncompletedJobError as err:
+            return str(err)
+        return None
 
     @contextlib.contextmanager
     def deferred(self):
@@ -227,7 +274,8 @@ class Job:
             self.sweep = in_dir or SweepInfo.from_sweep_dir(ctx.sweep_dir)
         self.name = "job"
         self.recorder = NullRecorder()
-        self.stop = StopRequest.for_job(ctx.job_num, rank.rank)
+        requeue = slurm.requeue_signal() if rank.is_main else None
+        self.stop = StopRequest.for_job(ctx.job_num, rank.rank, requeue)
 
     # ---------------------------------------------------------------- the phases
 
@@ -237,17 +285,41 @@ class Job:
         try:
             outcome = self._phases()
         except KeyboardInterrupt as err:
-            self.recorder.end(store.KILLED, error=f"interrupted ({err or 'KeyboardInterrupt'})")
-            self._done(JobOutcome(self.name, store.KILLED, self.recorder.run_id,
-                                  exit_code=EXIT_KILLED))  # fmt: skip
-            raise
+            outcome = self._stopped(err)
+            # (SIGTERM first and the requeue signal just after is how some clusters preempt.)
+            if not self.stop.requeue:
+                self._done(outcome)
+                raise
         except Exception as err:  # every failure becomes one line and a FAILED run
             outcome = self._failed(err)
         finally:
             self.stop.uninstall()
+        if outcome.status == store.KILLED and self.stop.requeue:
+            outcome = self._requeue(outcome)  # exits here when submitit requeues the job
         self._done(outcome)
-        if self.stop.requested:  # the signal came after the last step: it finished; stop here
+        if self.stop.requested and not self.stop.requeue:
+            # the signal came after the last step: it finished; stop here
             raise KeyboardInterrupt("SIGTERM after the last step")
+        return outcome
+
+    def _stopped(self, err: KeyboardInterrupt) -> JobOutcome:
+        """The run ends KILLED: interrupted, or (when SLURM is about to stop the job) until
+        the requeued job resumes it from the checkpoint it just wrote."""
+        why = f"interrupted ({err or 'KeyboardInterrupt'})"
+        if self.stop.requeue:
+            why = f"stopped for SLURM's requeue signal ({err}): requeued, resumes from there"
+        self.recorder.end(store.KILLED, error=why)
+        return JobOutcome(self.name, store.KILLED, self.recorder.run_id, error=why,
+                          exit_code=EXIT_KILLED)  # fmt: skip
+
+    def _requeue(self, outcome: JobOutcome) -> JobOutcome:
+        """Give the job back to submitit, which requeues it and exits this process. If it
+        will not requeue, the run stays KILLED and says why (a relaunch resumes it)."""
+        refusal = self.stop.hand_over()
+        outcome.error = f"not requeued: {refusal}"
+        console.error(f"{self.name}: {outcome.error}")
+        if self.recorder.run_id is not None:
+            self.recorder.client.set_tag(self.recorder.run_id, store.ERROR, outcome.error)
         return outcome
 
     def _phases(self) -> JobOutcome:
@@ -307,17 +379,19 @@ class Job:
             return
         if ckpt and ckpt["run_id"]:
             self.recorder = self._reattach(ckpt, cfg)
-            return
-        from ampsweep.engine.checkpoint import config_hash
+        else:
+            from ampsweep.engine.checkpoint import config_hash
 
-        tags = self._tags(cfg)
-        tags[store.CONFIG_HASH] = config_hash(cfg)
-        parent = self.sweep.parent_run_id if self.sweep else None
-        self.recorder = MlflowRecorder.start(
-            cfg.tracking, self.name, tags=tags, parent_run_id=parent, uri=self.uri
-        )
-        self.recorder.log_params({**flatten(cfg), "world_size": self.rank.world_size})
-        self.recorder.log_text(to_yaml(cfg), "config.yaml")
+            tags = self._tags(cfg)
+            tags[store.CONFIG_HASH] = config_hash(cfg)
+            parent = self.sweep.parent_run_id if self.sweep else None
+            self.recorder = MlflowRecorder.start(
+                cfg.tracking, self.name, tags=tags, parent_run_id=parent, uri=self.uri
+            )
+            self.recorder.log_params({**flatten(cfg), "world_size": self.rank.world_size})
+            self.recorder.log_text(to_yaml(cfg), "config.yaml")
+        if cfg.tracking.system_metrics:  # only rank 0 records: its sampler sees every GPU
+            self.recorder.start_system_metrics(cfg.tracking.system_metrics_interval)
 
     def train(self, setup, ckpt: dict | None) -> dict:
         from ampsweep.app.environment import run_tags
@@ -326,9 +400,11 @@ class Job:
 
         cfg, recorder = setup.cfg, self.recorder
         tags = run_tags(setup.device)
-        tags.update({f"data.{k}": str(v) for k, v in setup.dataset_info.items()})
+        tags.update({f"{store.DATA_PREFIX}{k}": str(v) for k, v in setup.dataset_info.items()})
         tags["model.num_params"] = str(setup.num_params)
+        tags.update(store.fp8_tags(setup.fp8.converted, setup.fp8.kept, setup.fp8.emulated))
         recorder.set_tags(tags)
+        recorder.log_inputs(setup.data_inputs)  # the train and validation sets, by digest
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = checkpoint.folder_for(cfg, recorder.run_id)
         checkpoints = NoCheckpoints()
@@ -355,18 +431,53 @@ class Job:
             {k: v for k, v in summary.items() if not k.startswith(("val/", "train/"))},
             final_step,
         )
+        recorder.stop_system_metrics()  # the machine's load from here on is not this training's
+        model = None
         if recorder.run_id is not None:
             recorder.log_json(summary, "summary.json")
             setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
+            if setup.fp8.recipe:  # every Linear layer, converted or why not
+                recorder.log_json(setup.fp8.table(), store.FP8_LAYERS_ARTIFACT)
             hydra_dir = self.ctx.output_dir / ".hydra" if self.ctx.output_dir else None
             if hydra_dir and hydra_dir.is_dir():
                 recorder.log_artifact(hydra_dir, ".hydra")
-        recorder.end(store.FINISHED)
+            if setup.cfg.tracking.log_model:
+                from ampsweep.engine.export import snapshot
+
+                model = snapshot(setup.model, setup.val_batches)  # fp32, on the CPU, at once
+        outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
         where = None
         if recorder.run_id is not None:
             where = f"MLflow run {recorder.run_id} in {store.describe(recorder.uri)}"
+            if model is not None:
+                where += f"; model runs:/{recorder.run_id}/{store.MODEL_NAME}"
         console.print_summary(f"{self.name} finished", summary, where)
-        return JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
+        finish = partial(self._finish, recorder, model, final_step, setup.cfg, outcome)
+        self.command.closer.submit(finish)  # now, or while the next job of a sweep trains
+        return outcome
+
+    def _finish(self, recorder, model, step: int, cfg: Config, outcome: JobOutcome) -> None:
+        """Log the model (linked to the final metrics; registered if asked) and end the run
+        FINISHED; if any of it fails, the run ends FAILED and the outcome says so."""
+        register = cfg.tracking.register_model
+        try:
+            if model is not None:
+                tags = {store.PRECISION: cfg.precision.name, store.MODEL: cfg.model.name,
+                        store.DATASET: cfg.dataset.name}  # fmt: skip
+                model_id = recorder.log_model(model, step, tags=tags)
+                if register:
+                    version = recorder.register_model(model_id, register)
+                    console.console.print(
+                        f"{outcome.name}: model registered as {register} version {version} "
+                        f"(models:/{register}/{version})"
+                    )
+            recorder.end(store.FINISHED)
+        except Exception as err:
+            message = f"could not record the trained model: {store.one_line(err)}"
+            console.error(f"{outcome.name}: {message}")
+            with contextlib.suppress(Exception):
+                recorder.end(store.FAILED, error=message)
+            outcome.status, outcome.error, outcome.exit_code = store.FAILED, message, EXIT_FAILED
 
     # ---------------------------------------------------------------- helpers
 
@@ -376,7 +487,10 @@ class Job:
 
     def _failed(self, err: Exception) -> JobOutcome:
         message = store.one_line(err)
-        console.error(f"{self.name}: {message}" if self.ctx.job_num is not None else message)
+        # Under DDP every rank refuses a config alike: rank 0 says it once. Other failures
+        # (a crash on one rank) are said by the rank that had them.
+        if self.rank.is_main or not isinstance(err, ConfigError):
+            console.error(f"{self.name}: {message}" if self.ctx.job_num is not None else message)
         if self.recorder.run_id is not None:
             try:
                 self.recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
@@ -404,7 +518,7 @@ class Job:
         run_id = twin.info.run_id
         console.console.print(
             f"[bold]#{self.ctx.job_num} {self.name}[/]: skipped, the identical config FINISHED "
-            f"as run {run_id} (tracking.skip_finished=false reruns it)"
+            f"as run {twin.info.run_name} ({run_id}); tracking.skip_finished=false reruns it"
         )
         record_skip(self.sweep, self.ctx.job_num, run_id)
         return JobOutcome(self.name, store.FINISHED, run_id, skipped=True)
@@ -424,12 +538,14 @@ class Job:
             path, line = checkpoint.newest_of_run(run_id, self._checkpoint_dir_of(run_id, cfg))
         else:
             path, line = checkpoint.locate(cfg, choice)
-        if line and (path is not None or not implied):  # a fresh sweep job needs no word on it
-            console.console.print(line)
         if path is None:
+            if line and not implied:  # a fresh sweep job needs no word on it
+                console.console.print(line)
             return None
         ckpt = checkpoint.load(path)
+        # A refused checkpoint is refused before "resuming" is said.
         checkpoint.check(ckpt, cfg, path, choice, run_id, mask=mask_text)
+        console.console.print(line)
         ckpt["path"] = str(path)
         return ckpt
 
@@ -477,6 +593,7 @@ class Job:
             tags["resumed_run_dir"] = str(self.ctx.output_dir.resolve())
         if self.sweep:  # a relaunched sweep: the run now belongs to this launch's parent
             tags[store.PARENT] = self.sweep.parent_run_id
+        tags.update(_cluster_job_tag())  # a requeued or relaunched SLURM job continues it
         old_error = run.data.tags.get(store.ERROR)
         if old_error:  # the run is alive again: keep why it stopped, under another name
             tags[store.PREVIOUS_ERROR] = old_error
@@ -502,7 +619,29 @@ class Job:
             tags["run_dir"] = str(self.ctx.output_dir.resolve())
         if self.ctx.job_num is not None:
             tags[store.JOB_NUM] = str(self.ctx.job_num)
-        return tags
+        tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
+        return {**tags, **target_tags(cfg), **_cluster_job_tag()}
+
+
+def target_tags(cfg: Config) -> dict[str, str]:
+    """For each component named by ``_target_``: its path and where its code came from."""
+    from ampsweep.app.environment import target_provenance
+    from ampsweep.engine.components import builders
+
+    tags = {}
+    for section, builder in builders(cfg).items():
+        if builder.target:
+            tags[store.target_tag(section)] = builder.target
+            for key, value in target_provenance(builder.fn).items():
+                tags[store.target_tag(section, key)] = value
+    return tags
+
+
+def _cluster_job_tag() -> dict[str, str]:
+    """The SLURM job training the run: what the sweep's launcher follows (and ends the run
+    of, if the job dies without ending it), and what ``sacct -j`` or ``scontrol`` take."""
+    job_id = slurm.job_id_from_env()
+    return {store.CLUSTER_JOB: job_id} if job_id else {}
 
 
 def _drop_unused_run_dir(ctx: JobContext) -> None:

@@ -6,13 +6,17 @@ outputs/mlflow.db), never from a path found in the run. It becomes a Hydra prima
 under ``outputs/reproduce/<run id>/config.yaml``, with the schema first in its defaults so
 every key stays typed; extra overrides apply on top of it and are recorded as the new run's
 ``overrides`` tag. The new run is tagged ``reproduces=<run id>``. When the code differs from
-the run's (git commit, dirty tree, ampsweep or torch version) a warning says so first; at the
-end both runs' final metrics are printed side by side with their differences.
+the run's (git commit, dirty tree, ampsweep or torch version, or the code of a ``_target_``
+component: its package version, git commit or module file) a warning says so first; at the
+end a warning names any recorded fact about the data that differs (e.g. a text's digest), and
+both runs' final metrics are printed side by side with their differences.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import tempfile
 from pathlib import Path
 
@@ -69,6 +73,20 @@ def _uri_of(overrides: list[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _no_progress_bar():
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    saved = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved
+
+
 def fetch(run_id: str, overrides: list[str]):
     """The run and its logged config text, from the configured store."""
     uri = store.resolve_uri(_uri_of(overrides))
@@ -82,7 +100,8 @@ def fetch(run_id: str, overrides: list[str]):
         )
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = client.download_artifacts(run_id, "config.yaml", tmp)
+            with _no_progress_bar():  # one small file: MLflow's bar would only be noise
+                path = client.download_artifacts(run_id, "config.yaml", tmp)
         except Exception:
             raise ConfigError(
                 f"RUN_ID={run_id}: the run has no config.yaml artifact (not an ampsweep run, or "
@@ -109,7 +128,44 @@ def code_differences(tags: dict[str, str]) -> list[str]:
     dirty = [w for w, d in (("the run's", tags), ("this", now)) if d.get(store.GIT_DIRTY) == "true"]
     if dirty:  # same commit or not, uncommitted changes make the code unknown
         out.append(f"{' and '.join(dirty)} checkout had uncommitted changes: the code may differ")
+    return out + target_differences(tags)
+
+
+def target_differences(tags: dict[str, str]) -> list[str]:
+    """How the code of each ``_target_`` component the run recorded differs from the code
+    that imports now (its package version, git commit, module file)."""
+    from ampsweep.app.environment import target_provenance
+    from ampsweep.engine.components import REGISTRIES
+
+    out = []
+    for section, registry in REGISTRIES.items():
+        target = tags.get(store.target_tag(section))
+        if not target:
+            continue
+        try:
+            now = target_provenance(registry.for_target(target).fn)
+        except ConfigError as err:  # the reproduction itself will refuse it, in one line
+            out.append(f"{store.target_tag(section)}: {err}")
+            continue
+        for field in store.TARGET_FIELDS:
+            key = store.target_tag(section, field)
+            then, here = tags.get(key), now.get(field)
+            if then != here:
+                out.append(f"{key}: {then or '(not recorded)'} in the run, {here or '(none)'} here")
     return out
+
+
+def data_differences(uri: str, original: str, new: str) -> list[str]:
+    """The recorded facts about the data (data.* tags: the text's digest, the Python that
+    supplied it, the sample counts) that differ between a run and its reproduction."""
+    client = store.client_for(uri)
+    a, b = (client.get_run(r).data.tags for r in (original, new))
+    keys = sorted(k for k in set(a) | set(b) if k.startswith(store.DATA_PREFIX))
+    return [
+        f"{k}: {a.get(k, '(not recorded)')} in the run, {b.get(k, '(not recorded)')} now"
+        for k in keys
+        if a.get(k) != b.get(k)
+    ]
 
 
 def primary_config(run_id: str, text: str, overrides: list[str], folder: Path) -> list[str]:
@@ -154,6 +210,8 @@ def reproduce(run_id: str, overrides: list[str]) -> int:
     code = cmd_train(["--config-path", str(folder), "--config-name", "config", *extra], command)
     new_id = command.outcomes[-1].run_id if command.outcomes else None
     if new_id:
+        for line in data_differences(uri, run_id, new_id):
+            console.errors.print(f"[bold yellow]warning:[/] data differs: {line}", soft_wrap=True)
         print_comparison(uri, run_id, new_id)
     return code
 

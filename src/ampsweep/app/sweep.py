@@ -21,12 +21,14 @@ from ampsweep.tracking import sweep as sweeps
 from ampsweep.tracking.sweep import SweepInfo, SweepResult
 
 
-def plan_dir(first_job: list[str], conf: Path, config_name: str) -> tuple[Path, str]:
+def plan_dir(
+    first_job: list[str], conf: Path, config_name: str, search: list[str] | None = None
+) -> tuple[Path, str]:
     """The sweep dir Hydra would make for this command (resolved now, once) and the sweep's
-    label (the experiment's name, else "sweep")."""
+    label (the experiment's name, else "sweep"). ``search``: the user's config folders."""
     from omegaconf import OmegaConf
 
-    cfg = compose(first_job, conf, config_name, return_hydra_config=True)
+    cfg = compose(first_job, conf, config_name, return_hydra_config=True, search=search or ())
     sweep_dir = Path(cfg.hydra.sweep.dir).resolve()
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
     return sweep_dir, choices.get("experiment") or "sweep"
@@ -52,10 +54,11 @@ def begin(configs: list[Config], args: list[str], sweep_dir: Path, label: str) -
 
 def finish(info: SweepInfo, interrupted: bool) -> SweepResult:
     """End the parent from its children's statuses, after printing the sweep report and
-    logging it to the parent. Whatever the report does, the parent is never left RUNNING."""
+    logging it to the parent (an interrupted sweep's too: what finished is worth reading).
+    Whatever the report does, the parent is never left RUNNING."""
     result = sweeps.conclude(info, interrupted)
     try:
-        if not interrupted and result.runs:
+        if result.runs or result.skipped:
             publish_report(info)
     finally:
         sweeps.end(info, result)
@@ -72,7 +75,7 @@ def publish_report(info: SweepInfo) -> None:
         client = store.client_for(info.uri)
         rep = build_report(client, info.parent_run_id)
         console.console.print()
-        render.print_table(rep)
+        render.print_table(rep, console.console)
         publish(client, rep)
         console.console.print(
             f"report logged to the sweep's parent run {info.parent_run_id} "

@@ -15,6 +15,7 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
 from ampsweep.config.schema import Config, ConfigError, Tracker
+from ampsweep.tracking.recorder import RunCloser
 
 HYDRA_FLAGS_WITH_VALUE = {
     "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -35,10 +36,13 @@ Train one configuration (or, with -m, sweep every combination) and record each r
   ampsweep train precision=fp16 trainer.epochs=3      # one run
   ampsweep train -m precision=fp32,fp16,bf16          # a sweep: one parent run, a child per job
   ampsweep train -m experiment=precision_sweep        # the ready CPU sweep
+  ampsweep train -m experiment=precision_sweep_lm     # the same for a small GPT on text
+  ampsweep train --config-dir ./conf model=my_net dataset=my_data   # your own config folder
+  ampsweep train -m experiment=precision_sweep sweep.repeats=3   # 3 seeds each: intervals
   ampsweep train trainer.resume=auto                  # continue the newest checkpoint
   ampsweep train --config-path RUN_DIR/.hydra --config-name config   # rerun a run dir
 
-Groups: precision, model, dataset, optimizer, trainer, tracking, experiment.
+Groups: precision, model, dataset, optimizer, task, loss, trainer, tracking, experiment.
 `ampsweep train --help` shows every option and the composed config (Hydra's help);
 `ampsweep train --cfg job` prints the config a command would run.
 """
@@ -64,15 +68,39 @@ def split_train_args(args: list[str]) -> tuple[list[str], dict[str, str], set[st
     return overrides, flags, bare
 
 
+CONFIG_PATH_FLAGS = {"--config-path", "-cp", "--config-dir", "-cd"}
+
+
+def absolute_config_paths(args: list[str]) -> list[str]:
+    """``--config-path``/``--config-dir`` made absolute: Hydra reads a relative config path
+    relative to the module that calls it (inside ampsweep), not the folder the user is in."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        key, eq, value = a.partition("=")
+        if eq and key in CONFIG_PATH_FLAGS:
+            out.append(f"{key}={Path(value).expanduser().resolve()}")
+        elif a in CONFIG_PATH_FLAGS and i + 1 < len(args):
+            out += [a, str(Path(args[i + 1]).expanduser().resolve())]
+            i += 1
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
 def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     """The train command; ``command`` carries what a caller adds (e.g. reproduce's tags) and
     receives the jobs' outcomes."""
     if args and args[0] in ("--usage",):
         print(TRAIN_HELP)
         return 0
+    from ampsweep.config.compose import normalise_overrides
     from ampsweep.engine import distributed
 
     command = command or CommandContext()
+    args = absolute_config_paths(args)
+    args = normalise_overrides(args)  # model.args.<key>=v: add or set, as the help says
     overrides, flags, bare = split_train_args(args)
     informational = bool((bare | set(flags)) & HYDRA_INFO_FLAGS)
     multirun = bool(bare & {"-m", "--multirun"})
@@ -86,11 +114,18 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         return 2
     if informational:
         return run_hydra(args, command)
-    conf, name = _conf_of(flags)
-    code, configs = validate(overrides, conf, name, multirun, record=rank.is_main)
+    conf, name, search = _conf_of(flags)
+    command_args = args  # what the sweep's parent records: the command as typed
+    if multirun:
+        code, args, overrides = _repeats_as_seeds(args, overrides, conf, name, search)
+        if code:
+            return code
+    code, configs = validate(overrides, conf, name, multirun, record=rank.is_main, search=search)
     if code:
         return code
     code = _check_nproc(configs, overrides, multirun, rank)
+    if code is None and multirun:
+        code = _check_launcher(overrides, configs, conf, name, search)
     if code is not None:
         return code
     nproc = configs[0].trainer.nproc
@@ -104,11 +139,30 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     args = [*args, *distributed.rank_overrides(rank)]
     if not multirun:
         try:
-            return _exit_code(command, run_hydra(args, command))
+            code = run_hydra(args, command)
+            command.closer.wait()  # the run has ended (a no-op: single runs end at once)
+            return _exit_code(command, code)
         except KeyboardInterrupt:
             console.error("interrupted")
             return EXIT_KILLED
-    return run_sweep(args, overrides, configs, conf, name, command, rank.is_main)
+    return run_sweep(
+        args, overrides, configs, conf, name, command, rank.is_main, search, command_args
+    )
+
+
+def _repeats_as_seeds(
+    args: list[str], overrides: list[str], conf: Path, name: str, search: list[str]
+) -> tuple[int, list[str], list[str]]:
+    """The command line with ``sweep.repeats=N`` turned into the seed sweep Hydra runs."""
+    from ampsweep.config.compose import repeat_overrides
+
+    try:
+        drop, add, _ = repeat_overrides(overrides, conf, name, search)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2, args, overrides
+    keep = [a for a in args if a not in drop]
+    return 0, keep + add, [o for o in overrides if o not in drop] + add
 
 
 def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | None:
@@ -133,16 +187,41 @@ def _check_nproc(configs, overrides: list[str], multirun: bool, rank) -> int | N
     return None
 
 
-def _conf_of(flags: dict[str, str]) -> tuple[Path, str]:
-    from ampsweep.config.compose import config_dir
+def _check_launcher(
+    overrides: list[str], configs, conf: Path, name: str, search: list[str]
+) -> int | None:
+    """A sweep through SLURM is checked against the cluster before its parent run exists."""
+    from ampsweep.app import slurm
+
+    try:
+        notes = slurm.check_sweep(overrides, configs, conf, name, search)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2
+    for note in notes:
+        console.note(note)
+    return None
+
+
+def _conf_of(flags: dict[str, str]) -> tuple[Path, str, list[str]]:
+    """The primary config folder, the config's name, and the user's config folder
+    (``--config-dir``: its group files sit beside ampsweep's) as a search path entry."""
+    from ampsweep.config.compose import config_dir, search_entry
 
     path = flags.get("--config-path") or flags.get("-cp")
     name = flags.get("--config-name") or flags.get("-cn") or "config"
-    return (Path(path).resolve() if path else config_dir()), name
+    extra = flags.get("--config-dir") or flags.get("-cd")
+    search = [search_entry(extra)] if extra else []
+    return (Path(path).resolve() if path else config_dir()), name, search
 
 
 def validate(
-    overrides: list[str], conf: Path, name: str, multirun: bool, record: bool = True
+    overrides: list[str],
+    conf: Path,
+    name: str,
+    multirun: bool,
+    record: bool = True,
+    search: list[str] | None = None,
 ) -> tuple[int, list[Config]]:
     """Compose and check every job of the command before anything runs; open (create or
     migrate) each MLflow store once, here, before jobs in other processes write to it."""
@@ -150,10 +229,12 @@ def validate(
     from ampsweep.tracking import store
 
     try:
-        configs = validate_command(overrides, multirun, conf, name)
+        configs = validate_command(overrides, multirun, conf, name, search or ())
         from ampsweep.engine import components  # torch: only once the shared keys are good
+        from ampsweep.engine.build import preflight
 
         configs = [components.resolve(c) for c in configs]
+        preflight(configs)  # e.g. fp8 without torchao, or on a model it would not change
         stores = {
             store.resolve_uri(c.tracking.uri): store.uri_key(c.tracking.uri)
             for c in configs
@@ -173,10 +254,12 @@ def run_hydra(args: list[str], command: CommandContext) -> int:
     code of Hydra itself (its own errors are printed by Hydra)."""
     import hydra
 
+    from ampsweep.app import launcher
     from ampsweep.config.compose import config_dir
     from ampsweep.config.schema import register_configs
 
     register_configs()
+    launcher.register()
     main = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(
         TaskFunction(command)
     )
@@ -214,23 +297,33 @@ def run_sweep(
     name: str,
     command: CommandContext,
     is_main: bool,
+    search: list[str] | None = None,
+    command_args: list[str] | None = None,
 ) -> int:
     """A multirun: the parent run first (in the sweep dir Hydra is told to use), the jobs,
-    then the report and the parent's end, whatever happened to the jobs."""
+    then the report and the parent's end, whatever happened to the jobs. ``command_args``:
+    the command line as typed (recorded on the parent), before ``sweep.repeats`` became seeds."""
     from ampsweep.app import sweep
     from ampsweep.config.compose import expand_sweep, is_hydra_override
 
     first_job = expand_sweep([o for o in overrides if not is_hydra_override(o)])[0]
-    sweep_dir, label = sweep.plan_dir(first_job, conf, name)
-    command.sweep = sweep.begin(configs, args, sweep_dir, label) if is_main else None
+    sweep_dir, label = sweep.plan_dir(first_job, conf, name, search)
+    typed = command_args or args
+    command.sweep = sweep.begin(configs, typed, sweep_dir, label) if is_main else None
+    # Jobs run in this process: each one's model is logged while the next trains. (A launcher
+    # that runs jobs elsewhere gets a copy of the context that ends its runs at once.)
+    command.closer = RunCloser(background=True)
     interrupted, hydra_code, result = False, 0, None
     try:
         hydra_code = run_hydra([*args, f"hydra.sweep.dir={sweep_dir}"], command)
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        if command.sweep is not None:
-            result = sweep.finish(command.sweep, interrupted)
+        try:
+            command.closer.wait()  # every job's run has ended before the sweep is concluded
+        finally:  # (a second Ctrl-C while waiting still ends the parent)
+            if command.sweep is not None:
+                result = sweep.finish(command.sweep, interrupted)
     if interrupted:
         console.error("interrupted")
         return EXIT_KILLED
@@ -244,9 +337,9 @@ def _sweep_exit(result, command: CommandContext, hydra_code: int) -> int:
     outcomes = command.outcomes
     recorded = {r.info.run_id for r in result.runs} if result else set()
     problems = result.describe_failures() if result else []
-    total = len(result.runs) + result.missing if result else len(outcomes)
+    total = len(result.runs) + result.skipped + result.missing if result else len(outcomes)
     unrecorded = [o for o in outcomes if o.status != "FINISHED" and o.run_id not in recorded]
-    problems += [f"#{o.job_num} {o.name} ({o.error or o.status}, not recorded)" for o in unrecorded]
+    problems += [f"#{o.job_num} {o.name} ({o.status}, not recorded)" for o in unrecorded]
     elsewhere = (result.missing if result else 0) - len(unrecorded)
     if elsewhere > 0:  # jobs in other processes that never reached the store
         problems.append(f"{elsewhere} job(s) recorded no run")

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from ampsweep.app import console
 from ampsweep.tracking import store
@@ -28,7 +29,10 @@ class UIError(Exception):
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now. SO_REUSEADDR as servers set it: a
+    port left in TIME_WAIT by a UI stopped a moment ago is free to listen on again."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -42,7 +46,7 @@ def experiment_link(uri: str, base_url: str) -> tuple[str, str]:
 
     client = store.client_for(uri)
     try:
-        parent = find_sweep(client)
+        parent, _ = find_sweep(client)
         exp_id = parent.info.experiment_id
         exp = client.get_experiment(exp_id)
         about = (
@@ -60,9 +64,19 @@ def experiment_link(uri: str, base_url: str) -> tuple[str, str]:
     return f"{base_url}/#/experiments/{exp_id}?workflowType=machine_learning", about
 
 
-def server_command(uri: str, host: str, port: int) -> list[str]:
+def server_command(
+    uri: str, host: str, port: int, allowed_hosts: str | None = None, cors: str | None = None
+) -> list[str]:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
     cmd += ["--host", host, "--port", str(port), "--workers", "1"]
+    # MLflow answers 403 to a Host header it does not know (DNS-rebinding protection): other
+    # machines reach it by a name or address that must be listed. A list replaces MLflow's
+    # default (localhost and private addresses), so this machine's own names are kept in it.
+    if allowed_hosts:
+        local = f"localhost:{port},127.0.0.1:{port},[::1]:{port},localhost,127.0.0.1"
+        cmd += ["--allowed-hosts", f"{allowed_hosts},{local}"]
+    if cors:
+        cmd += ["--cors-allowed-origins", cors]
     db = store.sqlite_path(uri)
     if db is not None:
         # Runs keep their own artifact locations (outputs/mlartifacts/...); experiments created
@@ -71,11 +85,13 @@ def server_command(uri: str, host: str, port: int) -> list[str]:
     return cmd
 
 
-def wait_until_up(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_until_up(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise UIError(f"mlflow server exited with code {proc.returncode} (its output is above)")
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            last = f": {tail[0].strip()}" if tail else ""
+            raise UIError(f"mlflow server exited with code {proc.returncode}{last} (log: {log})")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
                 if r.status == 200:
@@ -103,7 +119,9 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def serve(uri: str, host: str, port: int) -> int:
+def serve(
+    uri: str, host: str, port: int, allowed_hosts: str | None = None, cors: str | None = None
+) -> int:
     if uri.startswith(("http://", "https://")):
         store.check(uri, key="--tracking-uri")
         link, about = experiment_link(uri, uri.rstrip("/"))
@@ -122,15 +140,27 @@ def serve(uri: str, host: str, port: int) -> int:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base_url = f"http://{shown}:{port}" if ":" not in shown else f"http://[{shown}]:{port}"
     link, about = experiment_link(uri, base_url)
+    # The server's own access log and warnings go to a file beside the store, not over ours.
+    log = db.parent / "mlflow-ui.log"
     console.console.print(f"Starting the MLflow UI on {host}:{port} for {store.describe(uri)} ...")
-    proc = subprocess.Popen(server_command(uri, host, port), start_new_session=True)
+    with open(log, "w") as out:
+        command = server_command(uri, host, port, allowed_hosts, cors)
+        proc = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
     # `kill PID` (SIGTERM) must stop the server too, not leave it orphaned.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        wait_until_up(base_url, proc, STARTUP_TIMEOUT_S)
+        wait_until_up(base_url, proc, STARTUP_TIMEOUT_S, log)
         # Plain print: a link must never be wrapped at the terminal width.
         print(f"MLflow UI: {link}", flush=True)
-        print(f"  {about}\n  Ctrl-C stops it.", flush=True)
+        if host in ("0.0.0.0", "::"):
+            how = (
+                f"other machines reach it as {allowed_hosts}"
+                if allowed_hosts
+                else "other machines need --allowed-hosts NAME:PORT,... (MLflow refuses "
+                "Host headers it does not know)"
+            )
+            print(f"  listening on every interface; {how}", flush=True)
+        print(f"  {about}\n  server log: {log}\n  Ctrl-C stops it.", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         return 0

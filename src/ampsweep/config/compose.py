@@ -2,24 +2,33 @@
 
 ``ampsweep train`` composes every job of a command here first (each combination of a sweep),
 so a bad override fails before anything runs or touches the MLflow store. A composed
-``Schema`` becomes a ``Config`` in ``to_config``: the fixed sections are typed by Hydra already;
-each open component section (model, dataset, optimizer) is split into the keys its kind
-shares, typed here, and the builder's own settings (``args``), which the engine checks
-against the builder it names.
+``Schema`` becomes a ``Config`` in ``to_config``: the fixed sections are typed by Hydra already
+(and a key added to them with ``+``, which nothing would read, is refused); each open component
+section (model, dataset, optimizer, task, loss) is split into the keys its kind shares, typed
+here, its ``_target_`` (and ``_partial_``) if it names a callable, and the builder's own
+settings (``args``), which the engine checks against the builder or callable it names.
+
+The user's config folders (``--config-dir``, ``hydra.searchpath``) are search path entries
+passed to every composition, so their group files sit beside ampsweep's.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
-from dataclasses import fields
+import re
+from collections.abc import Sequence
+from dataclasses import fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from ampsweep.config import messages
 from ampsweep.config.schema import (
+    COMPONENT_META,
     COMPONENTS,
+    TARGET_KEYS,
     Config,
     ConfigError,
     Schema,
@@ -28,6 +37,7 @@ from ampsweep.config.schema import (
 )
 
 CONFIG_NAME = "config"
+META = (*(f for f in COMPONENT_META if f != "name"),)  # "name" is shown with the shared keys
 
 
 def config_dir() -> Path:
@@ -44,8 +54,60 @@ def config_dir() -> Path:
     raise RuntimeError("ampsweep's conf/ folder is missing from the installation")
 
 
-def group_options(group: str, conf: Path | None = None) -> list[str]:
-    return messages.group_options(group, conf or config_dir())
+def group_options(group: str, conf: Path | None = None, search: Sequence[str] = ()) -> list[str]:
+    """The options of a config group: ampsweep's files and those of the user's folders."""
+    return messages.group_options(group, [conf or config_dir(), *search_folders(search)])
+
+
+# ---------------------------------------------------------------- the user's config folders
+
+
+def search_entry(folder: str | Path) -> str:
+    """A folder as an entry of Hydra's search path (``file:///abs/path``)."""
+    text = str(folder)
+    if "://" in text:
+        return text
+    return f"file://{Path(text).expanduser().resolve()}"
+
+
+def search_folders(search: Sequence[str]) -> list[Path]:
+    """The folders of search path entries (``file://`` ones, and ``pkg://`` ones whose
+    package imports), for listing a group's options."""
+    out = []
+    for entry in search:
+        scheme, _, rest = entry.rpartition("://")
+        if scheme in ("", "file"):
+            out.append(Path(rest))
+        elif scheme == "pkg":
+            import importlib.util
+
+            try:
+                spec = importlib.util.find_spec(rest.replace("/", "."))
+            except (ImportError, ValueError):
+                spec = None
+            out += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return out
+
+
+def searchpath_of(overrides: list[str]) -> list[str]:
+    """The entries of a ``hydra.searchpath=[a,b]`` override, if the command has one."""
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "hydra.searchpath":
+            items = value.strip().strip("[]")
+            return [search_entry(i.strip().strip("'\"")) for i in items.split(",") if i.strip()]
+    return []
+
+
+# A builder's free-form settings (e.g. ``model.args`` of model=timm) take keys no YAML file
+# lists: ``model.args.drop_rate=0.1`` is written without Hydra's ``+`` and means "add or set".
+_FREE_FORM = re.compile(rf"^({'|'.join(COMPONENTS)})\.args\.[\w.]+=")
+
+
+def normalise_overrides(args: list[str]) -> list[str]:
+    """The command line with each ``<section>.args.<key>=value`` made Hydra's add-or-set
+    ``++<section>.args.<key>=value``."""
+    return [f"++{a}" if _FREE_FORM.match(a) else a for a in args]
 
 
 def compose(
@@ -53,29 +115,44 @@ def compose(
     conf: Path | None = None,
     config_name: str = CONFIG_NAME,
     return_hydra_config: bool = False,
+    search: Sequence[str] = (),
 ):
-    """Compose a config with Hydra's compose API; raise ConfigError with one line on failure."""
+    """Compose a config with Hydra's compose API; raise ConfigError with one line on failure.
+    ``search``: more config folders (Hydra search path entries, e.g. the user's --config-dir),
+    whose group files sit beside ampsweep's."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     register_configs()
     conf = Path(conf or config_dir()).resolve()
+    search = [*search, *searchpath_of(overrides)]
+    given = [o for o in normalise_overrides(overrides) if not _is_searchpath(o)]
+    hydra_overrides = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
     try:
         with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
             return hydra_compose(
-                config_name, overrides=overrides, return_hydra_config=return_hydra_config
+                config_name,
+                overrides=[*given, *hydra_overrides],
+                return_hydra_config=return_hydra_config,
             )
     except ConfigError:
         raise
     except Exception as err:  # Hydra/OmegaConf exceptions
 
         def keys_of(full_key: str) -> list[str]:
-            return _keys_beside(full_key, overrides, conf, config_name)
+            return _keys_beside(full_key, given, conf, config_name, search)
 
-        raise ConfigError(messages.explain(err, overrides, conf, keys_of)) from None
+        folders = [conf, *search_folders(search)]
+        raise ConfigError(messages.explain(err, given, folders, keys_of)) from None
 
 
-def _keys_beside(full_key: str, overrides: list[str], conf: Path, config_name: str) -> list[str]:
+def _is_searchpath(override: str) -> bool:
+    return override.lstrip("+").split("=", 1)[0] == "hydra.searchpath"
+
+
+def _keys_beside(
+    full_key: str, overrides: list[str], conf: Path, config_name: str, search: Sequence[str]
+) -> list[str]:
     """The valid keys beside an unknown ``full_key``. In a component section they are the keys
     every option shares and those of the option picked (its YAML file lists every setting of
     its builder), read by composing the command again without the unknown key."""
@@ -84,7 +161,7 @@ def _keys_beside(full_key: str, overrides: list[str], conf: Path, config_name: s
         return messages.schema_keys(full_key)
     rest = [o for o in overrides if o.lstrip("~+").split("=", 1)[0] != full_key]
     try:
-        return list(compose(rest, conf, config_name)[section])
+        return list(compose(rest, conf, config_name, search=search)[section])
     except ConfigError:
         return []
 
@@ -99,7 +176,8 @@ def to_config(cfg) -> Config:
             # A saved config without the schema in its defaults (a run's .hydra/config.yaml,
             # used with --config-path <run dir>/.hydra): type it by merging onto the schema.
             cfg = OmegaConf.merge(OmegaConf.structured(Schema), cfg)
-        sections = {f.name: cfg[f.name] for f in fields(Schema)}
+        _refuse_unknown_keys(cfg)
+        sections = {f.name: cfg[f.name] for f in fields(Config)}  # Schema's sweep: the command's
         typed = {
             name: _component(name, node) if name in COMPONENTS else OmegaConf.to_object(node)
             for name, node in sections.items()
@@ -115,29 +193,101 @@ def to_config(cfg) -> Config:
     return config
 
 
+def _refuse_unknown_keys(cfg) -> None:
+    """A key added with ``+`` to a typed section (``+trainer.epochz=3``) or to the root is
+    kept by Hydra and would be silently ignored: refuse it, naming the keys that exist. (The
+    component sections are open: their keys are checked against the builder they name.)"""
+    from omegaconf import DictConfig
+
+    def walk(node, cls: type, prefix: str) -> None:
+        known = {f.name: f for f in fields(cls)}
+        for key in node.keys():
+            if key == "hydra" and not prefix:
+                continue
+            if key not in known:
+                close = [f"{prefix}{c}" for c in difflib.get_close_matches(str(key), known, n=1)]
+                if not prefix:  # at the top: perhaps a section's key without its section
+                    inner = {
+                        g.name: f"{f.name}.{g.name}"
+                        for f in fields(Schema)
+                        if is_dataclass(f.default_factory) and f.name not in COMPONENTS
+                        for g in fields(f.default_factory)
+                    }
+                    close = [inner[c] for c in difflib.get_close_matches(str(key), inner, n=1)]
+                hint = f"did you mean {close[0]}?; " if close else ""
+                where = f"in {prefix.rstrip('.')}" if prefix else "at the top"
+                raise ConfigError(
+                    f"{prefix}{key}={node.get(key)}: unknown key '{key}': "
+                    f"{hint}valid keys {where}: {', '.join(known)}"
+                )
+            value, sub = node.get(key), known[key].default_factory
+            if cls is not Schema or key not in COMPONENTS:
+                if isinstance(value, DictConfig) and is_dataclass(sub):
+                    walk(value, sub, f"{prefix}{key}.")
+
+    walk(cfg, Schema, "")
+
+
 def _component(section: str, node) -> Any:
-    """A component section as its typed config: the shared keys typed, the rest as ``args``."""
+    """A component section as its typed config: the shared keys typed, ``_target_`` (and
+    ``_partial_``) kept apart, the rest as ``args``."""
     from omegaconf import OmegaConf
 
     cls = COMPONENTS[section]
     raw = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    own = {f.name for f in fields(cls)}
+    meta = {}
+    for key in [k for k in raw if k.startswith("_") and k.endswith("_")]:
+        field_name = TARGET_KEYS.get(key)
+        if field_name not in own:
+            takes = [k for k, f in TARGET_KEYS.items() if f in own]
+            fix = (
+                f"{section} takes {' and '.join(takes)} (Hydra's other special keys are not "
+                "used: pass arguments by name)"
+                if takes
+                else f"pick a registered {section} with {section}=<option>"
+            )
+            raise ConfigError(f"{section}.{key}={raw[key]}: not supported: {fix}")
+        meta[field_name] = raw.pop(key)
+    target = meta.get("target")
+    if target is not None and not _is_dotted_path(target):
+        raise ConfigError(
+            f"{section}._target_={target}: not a dotted path to a callable: write it as "
+            "package.module.name, e.g. torchvision.models.resnet18"
+        )
+    if meta.get("partial") and target is None:
+        raise ConfigError(f"{section}._partial_: has no _target_ to bind: add {section}._target_")
+    if target is not None and not raw.get("name"):
+        raw["name"] = target.rsplit(".", 1)[-1]  # the label of runs, tags and params
     if not raw.get("name"):
         raise ConfigError(
             f"{section}: no {section} chosen (the section has no name): pick one with "
             f"{section}=<option>, e.g. {section}={cls().name}"
         )
-    shared = {f.name for f in fields(cls)} - {"args"}
+    shared = own - {"args", *TARGET_KEYS.values()}
     typed = OmegaConf.structured(cls)
     typed = OmegaConf.merge(typed, {k: v for k, v in raw.items() if k in shared})
     obj = OmegaConf.to_object(typed)
     obj.args = {k: v for k, v in raw.items() if k not in shared}
+    for field_name, value in meta.items():
+        setattr(obj, field_name, value)
     return obj
 
 
-def load(overrides: list[str], conf: Path | None = None, config_name: str = CONFIG_NAME) -> Config:
+def _is_dotted_path(target: Any) -> bool:
+    parts = target.split(".") if isinstance(target, str) else []
+    return len(parts) >= 2 and all(p.isidentifier() for p in parts)
+
+
+def load(
+    overrides: list[str],
+    conf: Path | None = None,
+    config_name: str = CONFIG_NAME,
+    search: Sequence[str] = (),
+) -> Config:
     """Compose and validate one job's config (the builders' own settings are checked by the
     engine: ``engine.components.resolve``)."""
-    cfg = compose(overrides, conf, config_name)
+    cfg = compose(overrides, conf, config_name, search=search)
     return to_config(_strip_hydra(cfg))
 
 
@@ -163,12 +313,7 @@ def is_hydra_override(override: str) -> bool:
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """Every job a ``-m`` command would launch, as plain override lists (basic sweeper
     semantics: the cartesian product of the comma/range/choice sweeps)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as err:
-        raise ConfigError(messages.explain(err, overrides, None)) from None
+    parsed = _parse(overrides)
     axes: list[list[str]] = []
     for ov in parsed:
         key = ov.get_key_element()
@@ -180,42 +325,134 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
-def sweep_params_of(conf: Path, config_name: str, overrides: list[str]) -> list[str]:
+def sweep_params_of(
+    conf: Path, config_name: str, overrides: list[str], search: Sequence[str] = ()
+) -> list[str]:
     """The ``hydra.sweeper.params`` an experiment file adds (e.g. experiment=precision_sweep),
     so validation covers the jobs the sweeper will actually build."""
-    cfg = compose(overrides, conf, config_name, return_hydra_config=True)
+    cfg = compose(overrides, conf, config_name, return_hydra_config=True, search=search)
     params = cfg.hydra.sweeper.get("params") or {}
     given = {o.lstrip("~+").split("=", 1)[0] for o in overrides}
     return [f"{k}={v}" for k, v in params.items() if k not in given]
 
 
-def validate_command(
-    overrides: list[str], multirun: bool, conf: Path | None = None, config_name: str = CONFIG_NAME
-) -> list[Config]:
-    """Compose and validate every job of the command. Raises ConfigError."""
+REPEATS, SEED = "sweep.repeats", "trainer.seed"
+
+
+def _key(override: str) -> str:
+    return override.lstrip("~+").split("=", 1)[0]
+
+
+def repeat_overrides(
+    overrides: list[str],
+    conf: Path | None = None,
+    config_name: str = CONFIG_NAME,
+    search: Sequence[str] = (),
+) -> tuple[list[str], list[str], int]:
+    """A sweep's ``sweep.repeats=N`` as what Hydra's sweeper runs: a ``trainer.seed`` sweep of
+    N seeds from the configured seed on (``trainer.seed=5 sweep.repeats=3``: seeds 5, 6, 7),
+    crossed with the rest of the sweep. Returns the overrides to drop, those to add, and N.
+
+    The jobs are then exactly those of an explicit ``trainer.seed=0,1,2`` sweep, and record
+    the seed they ran with; so both commands give the same runs and the same report."""
     conf = Path(conf or config_dir())
     plain = [o for o in overrides if not is_hydra_override(o)]
+    parsed = _parse(plain)
+    swept = {ov.get_key_element() for ov in parsed if ov.is_sweep_override()}
+    if REPEATS in swept:
+        raise ConfigError(
+            f"{_given(plain, REPEATS)}: sweep.repeats cannot itself be swept: give one number, "
+            "e.g. sweep.repeats=3"
+        )
+    first = expand_sweep(plain)[0]
+    search = [*search, *searchpath_of(overrides)]
+    cfg = compose(first, conf, config_name, search=search)
+    repeats = _repeats_of(cfg)
+    if repeats == 1:
+        return [], [], 1
+    params = sweep_params_of(conf, config_name, first, search)
+    if SEED in swept or any(_key(p) == SEED for p in params):
+        raise ConfigError(
+            f"sweep.repeats={repeats} with a trainer.seed sweep: each sets the seeds: give "
+            f"sweep.repeats={repeats} (seeds trainer.seed, trainer.seed + 1, ...) or the seeds, "
+            "e.g. trainer.seed=0,1,2, not both"
+        )
+    base = int(cfg.trainer.seed)
+    seeds = ",".join(str(base + i) for i in range(repeats))
+    drop = [o for o in plain if _key(o) in (REPEATS, SEED)]
+    return drop, [f"{SEED}={seeds}"], repeats
+
+
+def _repeats_of(cfg) -> int:
+    repeats = cfg.sweep.repeats
+    if repeats < 1:
+        raise ConfigError(
+            f"sweep.repeats={repeats} must be >= 1: the runs of each configuration, e.g. "
+            "sweep.repeats=3 for a mean with a confidence interval"
+        )
+    return int(repeats)
+
+
+def _given(overrides: list[str], key: str) -> str:
+    return next((o.lstrip("~+") for o in overrides if _key(o) == key), key)
+
+
+def _parse(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:
+        raise ConfigError(messages.explain(err, overrides, None)) from None
+
+
+def validate_command(
+    overrides: list[str],
+    multirun: bool,
+    conf: Path | None = None,
+    config_name: str = CONFIG_NAME,
+    search: Sequence[str] = (),
+) -> list[Config]:
+    """Compose and validate every job of the command (a sweep's ``sweep.repeats`` already
+    turned into seeds by ``repeat_overrides``). Raises ConfigError. ``search``: the user's
+    config folders (``--config-dir``; a ``hydra.searchpath`` override is read too)."""
+    conf = Path(conf or config_dir())
+    search = [*search, *searchpath_of(overrides)]
+    plain = normalise_overrides([o for o in overrides if not is_hydra_override(o)])
     if not multirun:
-        return [load(plain, conf, config_name)]
+        cfg = compose(plain, conf, config_name, search=search)
+        repeats = _repeats_of(cfg)
+        if repeats > 1:
+            raise ConfigError(
+                f"sweep.repeats={repeats} repeats the configurations of a sweep: add -m, e.g. "
+                f"ampsweep train -m sweep.repeats={repeats} precision=fp32,bf16"
+            )
+        return [to_config(_strip_hydra(cfg))]
     jobs = expand_sweep(plain)
-    extra = sweep_params_of(conf, config_name, jobs[0])
+    extra = sweep_params_of(conf, config_name, jobs[0], search)
     if extra:
         jobs = [j + e for j in jobs for e in expand_sweep(extra)]
-    return [load(job, conf, config_name) for job in jobs]
+    return [load(job, conf, config_name, search) for job in jobs]
 
 
 def as_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain nested data, as a user writes it: Enums by name, and each
-    component's ``args`` beside its shared keys (``model.width``, not ``model.args.width``)."""
+    component's ``args`` beside its shared keys (``model.width``, not ``model.args.width``),
+    with its ``_target_`` (and ``_partial_``) when it names a callable."""
     from omegaconf import OmegaConf
 
     out = {}
     for f in fields(Config):
         value = getattr(cfg, f.name)
         if f.name in COMPONENTS:
-            shared = {k.name: getattr(value, k.name) for k in fields(value) if k.name != "args"}
+            shared = {k.name: getattr(value, k.name) for k in fields(value) if k.name not in META}
             plain = OmegaConf.to_container(OmegaConf.create(_names(shared)))
-            out[f.name] = {**plain, **_names(value.args)}
+            special = {
+                key: getattr(value, name)
+                for key, name in TARGET_KEYS.items()
+                if getattr(value, name, None)  # only when set: _target_, _partial_: true
+            }
+            out[f.name] = {**special, **plain, **_names(value.args)}
         else:
             out[f.name] = OmegaConf.to_container(OmegaConf.structured(value), enum_to_str=True)
     return out

@@ -14,16 +14,24 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ampsweep.config.schema import COMPONENTS, Config
+from ampsweep.config.schema import COMPONENTS, Config, Schema
 
 
-def group_options(group: str, conf: Path) -> list[str]:
-    """The options of a config group: the YAML files of its folder."""
-    return sorted(p.stem for p in (conf / group).glob("*.yaml"))
+def group_options(group: str, conf: Path | list[Path]) -> list[str]:
+    """The options of a config group: the YAML files of its folder in each config folder
+    (ampsweep's, then the user's)."""
+    folders = conf if isinstance(conf, list) else [conf]
+    return sorted({p.stem for folder in folders for p in (Path(folder) / group).glob("*.yaml")})
+
+
+def _root(key: str) -> Any:
+    """The typed config a key belongs to: a run's ``Config``, or the ``Schema`` for the
+    sections only the command reads (``sweep``)."""
+    return Config() if key.split(".")[0] in {f.name for f in fields(Config)} else Schema()
 
 
 def _schema_default(key: str) -> Any:
-    node: Any = Config()
+    node: Any = _root(key)
     for part in key.split("."):
         if not is_dataclass(node) or part not in {f.name for f in fields(node)}:
             return None
@@ -34,7 +42,7 @@ def _schema_default(key: str) -> Any:
 def schema_keys(key: str) -> list[str]:
     """The keys beside ``key`` in the typed sections of the schema (empty for the open
     component sections, whose keys depend on the builder picked)."""
-    node: Any = Config()
+    node: Any = _root(key)
     for part in key.split(".")[:-1]:
         node = getattr(node, part, None)
     if not is_dataclass(node) or isinstance(node, tuple(COMPONENTS.values())):
@@ -55,7 +63,7 @@ KIND_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or 
 def explain(
     err: BaseException,
     overrides: list[str],
-    conf: Path | None,
+    conf: Path | list[Path] | None,
     keys_of: Callable[[str], list[str]] = schema_keys,
 ) -> str:
     """One line: what was wrong, the value, and the fix. ``keys_of(full_key)`` lists the valid

@@ -5,10 +5,11 @@ Two views of one config:
 * ``Schema`` is what Hydra composes. It is registered in Hydra's ConfigStore
   (``register_configs``) and the YAML files under ``conf/`` merge onto it, so a misspelt key or
   a wrong type in the fixed sections (precision, trainer, tracking, diagnostics) fails when
-  the config is composed. The model, data set and optimizer are open: each is a mapping whose
-  ``name`` picks a registered builder and whose other keys are that builder's own settings
-  (``model.width`` for the cnn, ``dataset.root`` for MNIST), so adding a builder never means
-  editing this file.
+  the config is composed. The model, data set, optimizer, task and loss are open: each is a
+  mapping whose ``name`` picks a registered builder and whose other keys are that builder's
+  own settings (``model.width`` for the cnn, ``dataset.root`` for MNIST), so adding a builder
+  never means editing this file. A model, data set or loss may instead name any callable with
+  ``_target_`` (Hydra's instantiate form), its arguments as the other keys.
 * ``Config`` is what runs: the same sections, typed, with each component split into the keys
   every builder of its kind shares (``dataset.val_fraction``, ``optimizer.lr``) and ``args``,
   the builder's own. ``compose.to_config`` makes it; the engine checks ``args`` against the
@@ -33,12 +34,20 @@ from ampsweep.precision.modes import PrecisionConfig
 # ---------------------------------------------------------------- components
 
 
+# A component may name a callable instead of a registered builder, in the form Hydra's
+# ``instantiate`` reads: ``_target_: mypkg.nets.make_net`` with its arguments as sibling keys.
+# The YAML keys and the typed fields they become:
+TARGET_KEYS = {"_target_": "target", "_partial_": "partial"}
+
+
 @dataclass
 class ModelConfig:
-    """``model=<name>``: a registered model builder and its own settings."""
+    """``model=<name>``: a registered model builder and its own settings, or ``_target_``: any
+    callable returning an ``nn.Module`` (``name`` is then only a label)."""
 
     name: str = "cnn"
     args: dict[str, Any] = field(default_factory=dict)  # model.<key>: the builder's settings
+    target: str | None = None  # _target_: the dotted path of a class or factory
 
 
 class Preload(Enum):
@@ -53,6 +62,7 @@ class DatasetConfig:
 
     name: str = "digits"
     args: dict[str, Any] = field(default_factory=dict)  # dataset.<key>: the loader's settings
+    target: str | None = None  # _target_: a callable returning a torch Dataset (or two)
     val_fraction: float = 0.2  # data sets without a test split: held-out share
     split_seed: int = 0  # the train/validation split (and generated data) is fixed by this seed
     # normalisation: empty lists mean "the data set's own statistics"
@@ -88,12 +98,37 @@ class OptimizerConfig:
     min_lr_ratio: float = 0.0  # cosine: final lr / lr
 
 
+@dataclass
+class TaskConfig:
+    """``task=<name>``: what is learnt from the data, which decides how the loss is applied to
+    a batch and which metrics are reported (``classification``, ``language_modeling``)."""
+
+    name: str = "classification"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LossConfig:
+    """``loss=<name>``: a registered loss and its settings, or ``_target_``: a callable that
+    makes the loss function (``torch.nn.CrossEntropyLoss``), or with ``_partial_: true`` the
+    loss function itself, its arguments bound by name. It receives fp32 logits and targets."""
+
+    name: str = "cross_entropy"
+    args: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None
+    partial: bool = False
+
+
 # Which typed config each open section becomes (the rest of its keys go to ``args``).
 COMPONENTS: dict[str, type] = {
     "model": ModelConfig,
     "dataset": DatasetConfig,
     "optimizer": OptimizerConfig,
+    "task": TaskConfig,
+    "loss": LossConfig,
 }
+# Fields of a component config that are not keys its kind shares.
+COMPONENT_META = ("name", "args", *TARGET_KEYS.values())
 
 
 # ---------------------------------------------------------------- trainer
@@ -158,6 +193,14 @@ class TrackingConfig:
     metrics_flush_seconds: float = 10.0
     metrics_flush_every: int = 0
     skip_finished: bool = True  # a sweep relaunch skips jobs whose identical config FINISHED
+    # The trained model as an MLflow model of the run (runs:/<run id>/model), and, when
+    # register_model names one, a new version of that registered model per run.
+    log_model: bool = True
+    register_model: str | None = None
+    # The machine's load (CPU, memory, disk, network; GPUs through NVML) as MLflow's system/
+    # metrics, sampled every system_metrics_interval seconds on a background thread.
+    system_metrics: bool = True
+    system_metrics_interval: float = 2.0
 
 
 @dataclass
@@ -166,6 +209,17 @@ class DiagnosticsConfig:
 
     every: int = 0  # optimizer steps between measurements (0: off; it costs a pass over grads)
     per_layer: bool = True  # write a per-layer table artifact at the end of the run
+
+
+@dataclass
+class SweepConfig:
+    """How a sweep (``-m``) runs each of its configurations. The command reads it, when it
+    expands the sweep into jobs; a job is one run and records the seed it ran with, so this
+    section is not part of a run's ``Config``."""
+
+    # Runs of every configuration, with seeds trainer.seed, trainer.seed + 1, ...: the report
+    # then gives each mode's mean with a 95% confidence interval, paired by seed with fp32.
+    repeats: int = 1
 
 
 # ---------------------------------------------------------------- root
@@ -177,7 +231,7 @@ def shared_defaults(cls: type) -> dict[str, Any]:
     obj = cls()
     out = {}
     for f in fields(cls):
-        if f.name not in ("name", "args"):
+        if f.name not in COMPONENT_META:
             value = getattr(obj, f.name)
             out[f.name] = value.name if isinstance(value, Enum) else value
     return out
@@ -191,9 +245,12 @@ class Schema:
     model: dict[str, Any] = field(default_factory=lambda: shared_defaults(ModelConfig))
     dataset: dict[str, Any] = field(default_factory=lambda: shared_defaults(DatasetConfig))
     optimizer: dict[str, Any] = field(default_factory=lambda: shared_defaults(OptimizerConfig))
+    task: dict[str, Any] = field(default_factory=lambda: shared_defaults(TaskConfig))
+    loss: dict[str, Any] = field(default_factory=lambda: shared_defaults(LossConfig))
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)  # the command's, not a run's
 
 
 @dataclass
@@ -204,6 +261,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
@@ -265,11 +324,27 @@ def validate(cfg: Config) -> list[str]:
             "positive std (one value per channel, or both empty for the data set's own)"
         )
     p.extend(modes.problems(cfg.precision))
+    mode = modes.get(cfg.precision.name)
+    if mode is not None and mode.fp8 and cfg.precision.fp8.emulate and t.compile:
+        p.append(
+            f"precision.fp8.emulate=true cannot run with trainer.compile=true "
+            f"(precision={mode.name}): torchao's fp8 emulation does not compile: drop "
+            "trainer.compile for an emulated run (compile is for real fp8 on a GPU)"
+        )
     if cfg.tracking.metrics_flush_every < 0:
         p.append(f"tracking.metrics_flush_every={cfg.tracking.metrics_flush_every} must be >= 0")
     if not cfg.tracking.metrics_flush_seconds >= 0:
         p.append(
             f"tracking.metrics_flush_seconds={cfg.tracking.metrics_flush_seconds} must be >= 0"
+        )
+    tr = cfg.tracking
+    _positive(p, "tracking.system_metrics_interval", tr.system_metrics_interval, "use e.g. 2.0")
+    if tr.register_model is not None and not str(tr.register_model).strip():
+        p.append("tracking.register_model='' is empty: give the registered model's name")
+    elif tr.register_model and not tr.log_model:
+        p.append(
+            f"tracking.register_model={tr.register_model} needs the model logged: drop "
+            "tracking.log_model=false, or tracking.register_model"
         )
     return p
 

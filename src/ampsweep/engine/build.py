@@ -15,9 +15,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ampsweep.config.schema import Config, ConfigError, Device
-from ampsweep.engine import components, data, distributed, models, optim
+from ampsweep.config.schema import Config, ConfigError, Device, Tracker
+from ampsweep.engine import components, data, distributed, fingerprint, models, optim
 from ampsweep.engine.data.batches import Augment, Batches
+from ampsweep.engine.fp8 import Conversion, check_fp8, convert_fp8
+from ampsweep.engine.losses import check_loss
+from ampsweep.engine.tasks import Objective, build_objective, default_objective
 from ampsweep.measure.diagnostics import Diagnostics
 from ampsweep.measure.memory import reset_peak_memory
 from ampsweep.precision.policy import PrecisionPolicy, build_policy
@@ -62,6 +65,10 @@ class Setup:
     num_params: int
     dataset_info: dict = field(default_factory=dict)
     diagnostics: Diagnostics = field(default_factory=Diagnostics)  # off unless configured
+    objective: Objective = field(default_factory=default_objective)  # the task and its loss
+    reference: dict[str, float] = field(default_factory=dict)  # numbers about the data
+    fp8: Conversion = field(default_factory=Conversion)  # the layers an fp8 mode converted
+    data_inputs: list = field(default_factory=list)  # fingerprint.DataInput: what is recorded
 
 
 def resolve(cfg: Config) -> Config:
@@ -84,7 +91,10 @@ def build(cfg: Config) -> Setup:
     policy.set_global_state()
     reset_peak_memory(device)
 
-    splits = data.load(cfg.dataset)
+    objective = build_objective(cfg, device)
+    splits = data.load(cfg.dataset, cfg.task.name)
+    recorded = cfg.tracking.backend == Tracker.mlflow and rank.is_main
+    data_inputs = fingerprint.describe(cfg.dataset, splits) if recorded else []
     preload = data.should_preload(cfg.dataset, splits)
     train_split, val_split = splits.train, splits.val
     if preload and not splits.in_memory:
@@ -113,9 +123,14 @@ def build(cfg: Config) -> Setup:
     total = steps_per_epoch * t.epochs
     total = min(total, t.max_steps) if t.max_steps > 0 else total
 
-    model = models.build_model(cfg.model, splits.input_shape, splits.num_classes)
+    model = models.build_model(cfg.model, splits.input_shape, splits.num_classes).to(device)
+    check_fit(model, objective, splits, cfg, device)  # also gives lazy layers their shapes
     num_params = models.count_parameters(model)
-    model = policy.prepare_model(model.to(device))
+    model = policy.prepare_model(model)
+    conversion = Conversion()
+    if policy.mode.fp8:  # before the optimizer is built: converted layers are new modules
+        x, _ = next(iter(train_batches.epoch(0)))
+        conversion = convert_fp8(model, policy.mode, policy.fp8, x, cfg.model.name)
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
@@ -142,6 +157,69 @@ def build(cfg: Config) -> Setup:
             "input_shape": "x".join(map(str, splits.input_shape)),
             "num_classes": splits.num_classes,
             "preload": preload,
+            **splits.info,
         },
         diagnostics=Diagnostics(cfg.diagnostics, t.loss_multiplier / t.grad_accum_steps),
+        objective=objective,
+        reference=splits.reference,
+        fp8=conversion,
+        data_inputs=data_inputs,
     )
+
+
+def check_fit(
+    model: torch.nn.Module, objective: Objective, splits: data.Splits, cfg: Config, device
+) -> None:
+    """One forward pass and the loss on two training samples, before anything is recorded
+    about the model: lazy layers get their shapes, and a model whose output the task cannot
+    use, or a loss that does not give one number, is refused in one line."""
+    x, y = data.sample_inputs(splits.train)
+    x = x.to(device, torch.float32) if x.is_floating_point() else x.to(device)
+    y = y.to(device)
+    label = models.MODELS.builder(cfg.model).label
+    logits = models.dry_run(model, x, label)
+    data_label = data.DATASETS.builder(cfg.dataset).label
+    objective.task.check(logits, y, splits.num_classes, label, data_label)
+    try:
+        value = objective(logits, y)
+    except Exception as err:
+        raise ConfigError(
+            f"loss={cfg.loss.name}: computing it on the model's output failed "
+            f"({type(err).__name__}: {' '.join(str(err).split())[:300]}): make the loss take "
+            "(logits, targets)"
+        ) from None
+    check_loss(value, f"loss={cfg.loss.name}")
+
+
+def preflight(configs: list[Config]) -> None:
+    """Refuse, before anything runs or is recorded, the configs that would fail only once
+    built: an fp8 mode this machine or installation cannot run (an fp8 mode's refusal is the
+    command's mistake, fixed by a flag or an install, not one job's hardware), or a model with
+    no Linear layer fp8 can take. The model is built on the meta device: no memory, no compute.
+    Raises ConfigError."""
+    from ampsweep.precision import modes
+
+    samples_of: dict[str, torch.Tensor] = {}
+    for cfg in configs:
+        mode = modes.get(cfg.precision.name)
+        if mode is None or not mode.fp8:
+            continue
+        cfg = components.resolve(cfg)
+        build_policy(cfg.precision, select_device(cfg.trainer.device))
+        key = repr(cfg.dataset)
+        if key not in samples_of:
+            splits = data.load(cfg.dataset, cfg.task.name)
+            samples_of[key] = (_two_samples(splits), splits.input_shape, splits.num_classes)
+        samples, shape, classes = samples_of[key]
+        with torch.device("meta"):
+            model = models.build_model(cfg.model, shape, classes)
+        check_fp8(model, samples, mode, cfg)
+
+
+def _two_samples(splits) -> torch.Tensor:
+    """Two training inputs, as a batch (their values do not matter: only shapes are traced)."""
+    if splits.in_memory:
+        x = splits.train[0][:2]
+    else:
+        x = torch.stack([torch.as_tensor(splits.train[i][0]) for i in range(2)])
+    return x.float() if x.dtype == torch.uint8 else x

@@ -51,6 +51,10 @@ NOT_HASHED = (
     "tracking.metrics_flush_every",
     "tracking.metrics_flush_seconds",
     "tracking.skip_finished",
+    "tracking.log_model",
+    "tracking.register_model",
+    "tracking.system_metrics",
+    "tracking.system_metrics_interval",
 )
 
 

@@ -53,7 +53,16 @@ def current() -> Rank:
 def export_submitit_env() -> None:
     """Inside a submitit task array (hydra/launcher=submitit_* with tasks_per_node > 1), set
     the torchrun variables from the job environment so each task is one rank."""
-    if "WORLD_SIZE" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and "OMP_NUM_THREADS" not in os.environ:
+        # A task uses the CPUs SLURM gave it (hydra.launcher.cpus_per_task), as torchrun
+        # limits its workers: without binding, torch would take every core of the node.
+        os.environ["OMP_NUM_THREADS"] = cpus
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(cpus))
+    if "WORLD_SIZE" in os.environ:
         return
     try:
         from submitit.helpers import TorchDistributedEnvironment
@@ -164,8 +173,9 @@ def launch(args: list[str], nproc: int) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # The agent logs every rendezvous step at INFO/WARNING; the workers' own output is enough.
-    logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+    # The agent logs every rendezvous step, and each failed worker at ERROR: the workers say
+    # what went wrong themselves, and the exit code carries it.
+    logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -181,9 +191,10 @@ def launch(args: list[str], nproc: int) -> int:
     try:
         entry("-m", "ampsweep", "train", *args)
     except ChildFailedError as err:
-        failures = err.failures
-        first = failures.get(0) or next(iter(failures.values()))
-        return first.exitcode if first.exitcode and first.exitcode > 0 else 1
+        # A worker's own exit code (2: a config error) wins over those the agent killed after
+        # it (negative: by a signal).
+        codes = [f.exitcode for f in err.failures.values() if f.exitcode and f.exitcode > 0]
+        return max(codes, default=1)
     except KeyboardInterrupt:
         raise
     except Exception as err:  # the agent itself failed (rendezvous, ports)

@@ -1,10 +1,11 @@
 """The training loop: one loop for every precision mode, every AMP step in order.
 
 The precision policy supplies an autocast context (or a disabled one) and a GradScaler (a no-op
-when disabled), so ``fit`` has no per-mode branches. What is not a training step lives beside
-it: the running totals (``Totals``), the end-of-run numbers (``summarise``), and null objects
-for the progress bar, the checkpointer and the stop request, so the loop never asks whether
-one is there.
+when disabled), so ``fit`` has no per-mode branches; the run's objective (its task and loss:
+``engine.tasks``) turns logits into the loss, so it has no per-task branches either. What is
+not a training step lives beside it: the running totals (``Totals``), the end-of-run numbers
+(``summarise``), and null objects for the progress bar, the checkpointer and the stop
+request, so the loop never asks whether one is there.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ampsweep.engine import distributed
 from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
-from ampsweep.measure import flops
+from ampsweep.engine.tasks import Objective, default_objective
+from ampsweep.measure import flops, memory
 from ampsweep.measure.divergence import NonfiniteWatch
 from ampsweep.measure.memory import SavedTensorMeter, peak_memory
 from ampsweep.measure.timing import StepTimer
@@ -156,6 +157,7 @@ def fit(
     """
     t = s.cfg.trainer
     model, optimizer, scaler, policy, diag = s.model, s.optimizer, s.scaler, s.policy, s.diagnostics
+    objective = s.objective
     accum = t.grad_accum_steps
     loss_weight = t.loss_multiplier / accum  # what backward sees (train/loss is unweighted)
     state = state or TrainState()
@@ -164,7 +166,7 @@ def fit(
     watch = totals.watch = NonfiniteWatch(
         t.max_nonfinite_steps, s.cfg.precision.scaler.min_scale, scaler, state.nonfinite_run
     )
-    evaluation = (float("nan"), float("nan"))
+    evaluation = (float("nan"), float("nan"))  # (val/loss, the task's score)
     model.train()
     while not _finished(state, t):
         progress.start_epoch(state.epoch, t.epochs, s.steps_per_epoch)
@@ -172,12 +174,13 @@ def fit(
             if state.batch % accum == 0:
                 timer.start()
             # Autocast covers the forward pass and the loss only; backward runs outside it.
+            # The loss is computed in fp32 on fp32 logits (the objective upcasts them).
             with (
                 policy.autocast(),
                 totals.meter.record(enabled=state.step == 0 and state.batch == 0),
             ):
                 logits = model(x)
-                loss = F.cross_entropy(logits.float(), y)
+                loss = objective(logits, y)
             # Scale the loss so small fp16 gradients do not underflow (a no-op when disabled).
             scaler.scale(loss * loss_weight).backward()
             totals.add_loss(loss)
@@ -187,7 +190,8 @@ def fit(
             # Unscale in place first, so clipping sees (and the step applies) true gradients.
             scaler.unscale_(optimizer)
             if diag.due(state.step + 1):  # gradient underflow, measured on true gradients
-                log(diag.measure(distributed.unwrap(model), scaler, x, y), state.step + 1)
+                module = distributed.unwrap(model)
+                log(diag.measure(module, scaler, x, y, objective), state.step + 1)
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
@@ -219,8 +223,8 @@ def fit(
                 break
         progress.end_epoch()
         if _end_of_epoch(s, state):
-            evaluation = evaluate(model, s.val_batches, policy)
-            log({"val/loss": evaluation[0], "val/acc": evaluation[1]}, state.step)
+            evaluation = evaluate(model, s.val_batches, policy, objective)
+            log(objective.task.metrics(evaluation), state.step)
 
     watch.check(state.step)  # the steps since the last log step
     checkpoints.save(s, totals.save_to(state), complete=True)
@@ -254,27 +258,32 @@ def _reached_max_steps(state: TrainState, max_steps: int) -> bool:
     return 0 < max_steps <= state.step
 
 
-@torch.inference_mode()
-def evaluate(model, batches: Batches, policy: PrecisionPolicy) -> tuple[float, float]:
-    """Mean loss and accuracy over a whole split, under the run's autocast.
+# no_grad rather than inference_mode: torchao's float8 layers (the fp8 modes) refuse the
+# inference tensors that inference_mode makes.
+@torch.no_grad()
+def evaluate(
+    model, batches: Batches, policy: PrecisionPolicy, objective: Objective | None = None
+) -> tuple[float, float]:
+    """Mean loss and the task's score (accuracy, perplexity) over a whole split, under the
+    run's autocast. ``objective``: the run's task and loss (default: classification with
+    cross-entropy).
 
     Under DDP each rank scores its shard with the plain module (DDP's forward would sync
     buffers, and shards may differ by one batch) and the sums are added over the ranks."""
+    objective = objective or default_objective()
+    task = objective.task
     model = distributed.unwrap(model) if distributed.current().enabled else model
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), device=batches.device, dtype=torch.float64)
-    correct = torch.zeros((), device=batches.device, dtype=torch.long)
+    sums = None
     for x, y in batches.epoch(0):
         with policy.autocast():
             logits = model(x)
-            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
-        correct += (logits.argmax(dim=1) == y).sum()
+            batch = task.eval_sums(objective.loss_fn, logits, y)
+        sums = batch if sums is None else sums + batch
     model.train(was_training)
-    distributed.all_reduce(loss_sum)
-    distributed.all_reduce(correct)
-    n = batches.n  # the whole split: every rank's shard together
-    return loss_sum.item() / n, correct.item() / n  # one sync per evaluation
+    distributed.all_reduce(sums)  # the whole split: every rank's shard together
+    return task.finish(sums.tolist())  # one sync per evaluation
 
 
 def summarise(
@@ -284,30 +293,38 @@ def summarise(
     t = s.cfg.trainer
     median_ms = totals.timer.median_ms()
     summary: dict[str, float] = {
-        "val/loss": evaluation[0],
-        "val/acc": evaluation[1],
+        **s.objective.task.metrics(evaluation),
+        **s.reference,  # e.g. data/unigram_perplexity, the floor a language model must beat
         "perf/wall_s": totals.wall_s(),
         "mem/activation_mib": totals.meter.mib,
         "amp/skipped_steps": totals.skipped.item(),
         "train/steps": state.step,
     }
     if median_ms:
+        x, y = next(iter(s.train_batches.epoch(0)))  # a batch's shape; FLOPs are counted on it
         summary["perf/step_time_ms"] = median_ms
         summary["perf/samples_per_s"] = t.batch_size * t.grad_accum_steps * 1000.0 / median_ms
+        summary.update(s.objective.task.throughput(summary["perf/samples_per_s"], y))
     if s.scaler.is_enabled():
         summary["amp/loss_scale"] = s.scaler.get_scale()
     summary.update(peak_memory(s.device))
     # FLOPs of one step, counted once after training (untimed; after the memory peaks).
     # Per rank under DDP: perf/tflops and perf/mfu are per GPU.
     if median_ms:
-        x, y = next(iter(s.train_batches.epoch(0)))
         module = distributed.unwrap(s.model)
-        step_flops = flops.train_step_flops(module, x, y, s.policy, t.grad_accum_steps)
+        step_flops = flops.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
         summary.update(flops.speed_metrics(step_flops, median_ms, s.device, s.policy))
+    # What one sample and the model cost in memory, and the largest batch that would fit
+    # (untimed, like the FLOPs); the layers an fp8 mode converted.
+    x, y = next(iter(s.train_batches.epoch(0)))
+    module = distributed.unwrap(s.model)
+    summary.update(memory.capacity_metrics(module, s.optimizer, x, y, s.policy, s.objective))
+    summary.update(s.fp8.metrics())
     if distributed.current().enabled:
         # One run for the whole group: throughput adds up, memory is the worst rank's.
+        rates = ("perf/samples_per_s", "perf/tokens_per_s")
         summed = distributed.reduce_floats(
-            {"perf/samples_per_s": summary.get("perf/samples_per_s", 0.0)}, "sum", s.device
+            {k: summary[k] for k in rates if k in summary}, "sum", s.device
         )
         peaks = {k: v for k, v in summary.items() if k.startswith("mem/peak")}
         summary.update(summed)

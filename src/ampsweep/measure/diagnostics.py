@@ -47,9 +47,9 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ampsweep.config.schema import DiagnosticsConfig
+from ampsweep.measure.flops import LossFn, cross_entropy
 
 FP16_ZERO_AT = 2.0**-25  # |x| <= this rounds to 0 in fp16 (half of the smallest subnormal 2^-24)
 FP16_MIN_NORMAL = 2.0**-14
@@ -97,11 +97,13 @@ class Diagnostics:
         scaler: torch.amp.GradScaler,
         x: torch.Tensor,
         y: torch.Tensor,
+        loss: LossFn = cross_entropy,
     ) -> dict[str, float]:
         """Measure this step's gradients (call between ``unscale_`` and ``step``) on the plain
-        module (not compiled, not DDP: its parameters are the run's)."""
+        module (not compiled, not DDP: its parameters are the run's). ``loss(logits, y)``: the
+        run's loss (the training loop's objective)."""
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        reference = reference_grads(module, named, x, y, self.loss_weight)
+        reference = reference_grads(module, named, x, y, self.loss_weight, loss)
         scale = scaler.get_scale() if scaler.is_enabled() else None  # one sync
         self.scaled = scale is not None
         rows = [_counts(p, ref, scale) for (_, p), ref in zip(named, reference, strict=True)]
@@ -163,6 +165,7 @@ def reference_grads(
     x: torch.Tensor,
     y: torch.Tensor,
     loss_weight: float,
+    loss: LossFn = cross_entropy,
 ) -> tuple[torch.Tensor, ...]:
     """The fp32 gradient of the weighted loss on ``(x, y)`` at the current weights.
 
@@ -178,8 +181,8 @@ def reference_grads(
     with torch.random.fork_rng(devices=devices), torch.autocast(x.device.type, enabled=False):
         inputs = x.float() if x.is_floating_point() else x
         logits = torch.func.functional_call(module, {**params, **buffers}, (inputs,))
-        loss = F.cross_entropy(logits.float(), y) * loss_weight
-        return torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        weighted = loss(logits, y) * loss_weight
+        return torch.autograd.grad(weighted, list(params.values()), allow_unused=True)
 
 
 def _counts(param: torch.Tensor, ref: torch.Tensor | None, scale: float | None):

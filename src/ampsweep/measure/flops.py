@@ -5,13 +5,16 @@ element-wise update is left out, as in the usual MFU definition) are counted onc
 ``torch.utils.flop_counter.FlopCounterMode``, which counts matmuls, convolutions and attention
 from their shapes. The count does not depend on the dtype, so the same number serves every
 precision mode. ``perf/tflops`` is that count over the median step time; ``perf/mfu`` divides
-it by the GPU's peak dense throughput for the mode's math (table below). An unknown GPU gets
-no MFU rather than a wrong one; CPUs get ``perf/tflops`` only.
+it by the GPU's peak dense throughput for the mode's math (table below; an fp8 mode is measured
+against the fp8 peak, the hardware's best, although only its converted Linear layers run in fp8
+and the rest runs in bf16). An unknown GPU gets no MFU rather than a wrong one; CPUs get
+``perf/tflops`` only.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,37 +32,41 @@ class Peak:
     tf32: float | None  # fp32 inputs on tensor cores (None: no TF32, pre-Ampere)
     fp16: float  # fp16 tensor cores, fp32 accumulate
     bf16: float | None  # None: no bf16 tensor cores (pre-Ampere)
+    fp8: float | None = None  # fp8 (E4M3/E5M2) tensor cores; None: none (before Ada/Hopper)
 
 
 # Vendor datasheet numbers. NVIDIA quotes tensor-core figures "with sparsity" (marked * in the
 # datasheets); the dense figure, which is what training runs at, is half of it.
 # Matched against torch.cuda.get_device_name() in order (first match wins).
 PEAKS: list[tuple[str, str, Peak]] = [
-    # NVIDIA H200 Tensor Core GPU datasheet: H200 SXM FP32 67, TF32 989*, BF16/FP16 1979*;
-    # H200 NVL FP32 60, TF32 835*, BF16/FP16 1671*.
-    (r"\bH200 NVL\b", "H200 NVL", Peak(60.0, 417.5, 835.5, 835.5)),
-    (r"\bH200\b", "H200 SXM", Peak(67.0, 494.5, 989.5, 989.5)),
-    # NVIDIA H100 Tensor Core GPU datasheet: SXM FP32 67, TF32 989*, BF16/FP16 1979*;
-    # PCIe FP32 51, TF32 756*, BF16/FP16 1513*; NVL FP32 60, TF32 835*, BF16/FP16 1671*.
-    (r"\bH100 NVL\b", "H100 NVL", Peak(60.0, 417.5, 835.5, 835.5)),
-    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", Peak(51.0, 378.0, 756.5, 756.5)),
-    (r"\bH100\b", "H100 SXM", Peak(67.0, 494.5, 989.5, 989.5)),
+    # NVIDIA H200 Tensor Core GPU datasheet: H200 SXM FP32 67, TF32 989*, BF16/FP16 1979*,
+    # FP8 3958*; H200 NVL FP32 60, TF32 835*, BF16/FP16 1671*, FP8 3341*.
+    (r"\bH200 NVL\b", "H200 NVL", Peak(60.0, 417.5, 835.5, 835.5, 1670.5)),
+    (r"\bH200\b", "H200 SXM", Peak(67.0, 494.5, 989.5, 989.5, 1979.0)),
+    # NVIDIA H100 Tensor Core GPU datasheet: SXM FP32 67, TF32 989*, BF16/FP16 1979*,
+    # FP8 3958*; PCIe FP32 51, TF32 756*, BF16/FP16 1513*, FP8 3026*; NVL FP32 60, TF32 835*,
+    # BF16/FP16 1671*, FP8 3341*.
+    (r"\bH100 NVL\b", "H100 NVL", Peak(60.0, 417.5, 835.5, 835.5, 1670.5)),
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", Peak(51.0, 378.0, 756.5, 756.5, 1513.0)),
+    (r"\bH100\b", "H100 SXM", Peak(67.0, 494.5, 989.5, 989.5, 1979.0)),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe, 40 and 80 GB): FP32 19.5,
     # TF32 156 (312*), BF16 312 (624*), FP16 312 (624*).
     (r"\bA100\b", "A100", Peak(19.5, 156.0, 312.0, 312.0)),
-    # NVIDIA L40S datasheet: FP32 91.6, TF32 183 (366*), BF16/FP16 362.05 (733*).
-    (r"\bL40S\b", "L40S", Peak(91.6, 183.0, 362.05, 362.05)),
+    # NVIDIA L40S datasheet: FP32 91.6, TF32 183 (366*), BF16/FP16 362.05 (733*),
+    # FP8 733 (1466*).
+    (r"\bL40S\b", "L40S", Peak(91.6, 183.0, 362.05, 362.05, 733.0)),
     # NVIDIA A40 datasheet: FP32 37.4, TF32 74.8 (149.6*), BF16/FP16 149.7 (299.4*).
     (r"\bA40\b", "A40", Peak(37.4, 74.8, 149.7, 149.7)),
-    # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16/FP16 242*.
-    (r"\bL4\b", "L4", Peak(30.3, 60.0, 121.0, 121.0)),
+    # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16/FP16 242*, FP8 485*.
+    (r"\bL4\b", "L4", Peak(30.3, 60.0, 121.0, 121.0, 242.5)),
     # NVIDIA A10 datasheet: FP32 31.2, TF32 62.5 (125*), BF16/FP16 125 (250*). The AWS A10G
     # is a different part and does not match (\b stops "A10" at "A10G").
     (r"\bA10\b", "A10", Peak(31.2, 62.5, 125.0, 125.0)),
     # NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: FP32 82.6, TF32 82.6
-    # (165.2*), FP16/BF16 tensor with FP32 accumulate 165.2 (330.4*) (autocast accumulates in
-    # fp32, so the fp16-accumulate figure does not apply).
-    (r"\bRTX 4090\b", "RTX 4090", Peak(82.6, 82.6, 165.2, 165.2)),
+    # (165.2*), FP16/BF16 tensor with FP32 accumulate 165.2 (330.4*), FP8 tensor with FP32
+    # accumulate 330.3 (660.6*) (autocast and torchao accumulate in fp32, so the
+    # fp16-accumulate figures do not apply).
+    (r"\bRTX 4090\b", "RTX 4090", Peak(82.6, 82.6, 165.2, 165.2, 330.3)),
     # NVIDIA V100 datasheet: SXM2 FP32 15.7, tensor 125; PCIe 14, 112; V100S PCIe 16.4, 130.
     # Volta has neither TF32 nor bf16.
     (r"\bV100S\b", "V100S PCIe", Peak(16.4, None, 130.0, None)),
@@ -83,18 +90,29 @@ def peak_tflops(device_name: str, kind: str) -> float | None:
     return None if found is None else getattr(found[1], kind)
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A classifier's loss, for counting a model on its own (a run passes its own loss)."""
+    return F.cross_entropy(logits.float(), y)
+
+
 def train_step_flops(
     module: torch.nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     policy: PrecisionPolicy,
     micro_batches: int = 1,
+    loss: LossFn = cross_entropy,
 ) -> int:
     """FLOPs of one optimizer step: forward + backward on batch ``(x, y)``, times micro-batches.
 
-    Runs one real forward/backward on ``module`` (the plain module: not compiled, not DDP)
-    without touching the run's state: the gradients go to detached leaves (not ``.grad``),
-    buffers (BatchNorm running stats) are copies, and the RNG is restored afterwards.
+    ``loss(logits, y)``: the run's loss (the training loop's objective), computed as in a
+    training step. Runs one real forward/backward on ``module`` (the plain module: not
+    compiled, not DDP) without touching the run's state: the gradients go to detached leaves
+    (not ``.grad``), buffers (BatchNorm running stats) are copies, and the RNG is restored
+    afterwards.
     """
     params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in module.named_parameters()}
     buffers = {n: b.clone() for n, b in module.named_buffers()}
@@ -103,8 +121,8 @@ def train_step_flops(
     with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
         with policy.autocast():
             logits = torch.func.functional_call(module, {**params, **buffers}, (x,))
-            loss = F.cross_entropy(logits.float(), y)
-        torch.autograd.grad(loss, leaves)
+            value = loss(logits, y)
+        torch.autograd.grad(value, leaves)
     return int(counter.get_total_flops()) * micro_batches
 
 
@@ -116,7 +134,8 @@ def speed_metrics(
         return {}
     tflops = flops_per_step / (step_ms / 1e3) / 1e12
     out = {"perf/tflops": tflops, "perf/gflops_per_step": flops_per_step / 1e9}
-    if device.type == "cuda":
+    # An emulated fp8 run computes its fp8 matmuls in higher precision: no MFU against a peak.
+    if device.type == "cuda" and not policy.emulated:
         peak = peak_tflops(torch.cuda.get_device_name(device), policy.mode.flop_kind)
         if peak:
             out["perf/mfu"] = tflops / peak

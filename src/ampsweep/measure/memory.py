@@ -8,6 +8,8 @@ import sys
 
 import torch
 
+from ampsweep.measure import capacity
+
 MIB = 1024**2
 
 
@@ -23,6 +25,7 @@ class SavedTensorMeter:
         self._param_ptrs = {p.data_ptr() for p in model.parameters()}
         self._seen: set[tuple[str, int]] = set()
         self.bytes = measured_bytes  # a resumed run keeps what its first step measured
+        self.by_dtype: dict[str, int] = {}  # the same bytes by the saved tensors' dtype
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         try:
@@ -34,6 +37,8 @@ class SavedTensorMeter:
         if key[1] not in self._param_ptrs and key not in self._seen:
             self._seen.add(key)
             self.bytes += size
+            name = dtype_name(t.dtype)
+            self.by_dtype[name] = self.by_dtype.get(name, 0) + size
         return t
 
     @contextlib.contextmanager
@@ -43,6 +48,7 @@ class SavedTensorMeter:
             return
         self._seen.clear()
         self.bytes = 0
+        self.by_dtype = {}
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             yield
 
@@ -70,3 +76,101 @@ def peak_rss_mib() -> float:
     """Peak resident set size of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / MIB if sys.platform == "darwin" else rss / 1024
+
+
+# ---------------------------------------------------------------- capacity
+
+DTYPE_NAMES = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2",
+}  # fmt: skip
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A short name without underscores (metric names put it after one: ``params_fp32``)."""
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").replace("_", "")
+
+
+def _add(out: dict[str, float], part: str, t: torch.Tensor, nbytes: int | None = None) -> None:
+    key = f"{part}_{dtype_name(t.dtype)}"
+    out[key] = out.get(key, 0) + (t.numel() * t.element_size() if nbytes is None else nbytes)
+
+
+def model_memory(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Bytes that do not depend on the batch, as ``<part>_<dtype>``: ``params`` (under autocast
+    these fp32 parameters are the master weights; pure modes keep no fp32 copy), ``grads``
+    (one per trainable parameter, in its dtype) and ``optimizer`` state (read from the
+    optimizer, so after its first step)."""
+    out: dict[str, float] = {}
+    for p in module.parameters():
+        _add(out, "params", p)
+        if p.requires_grad:
+            _add(out, "grads", p)
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                _add(out, "optimizer", value)
+    return out
+
+
+def saved_bytes(module, x: torch.Tensor, y: torch.Tensor, policy, loss=None) -> SavedTensorMeter:
+    """What autograd saves for backward in one forward pass and ``loss`` (the run's objective;
+    default cross-entropy) on ``(x, y)``, counted as on a run's first step (by dtype too),
+    without touching the run's state: the parameters are detached leaves that share their
+    memory, buffers are copies, the RNG is restored."""
+    from ampsweep.measure.flops import cross_entropy
+
+    loss = loss or cross_entropy
+    params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in module.named_parameters()}
+    buffers = {n: b.clone() for n, b in module.named_buffers()}
+    meter = SavedTensorMeter(module)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), meter.record(), policy.autocast():
+        logits = torch.func.functional_call(module, {**params, **buffers}, (x,))
+        loss(logits, y)  # the graph is dropped on return: nothing runs back
+    return meter
+
+
+def capacity_metrics(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    policy,
+    loss=None,
+) -> dict[str, float]:
+    """What one sample costs and what the model costs, in memory, and on a CUDA GPU the largest
+    batch its memory would hold (``measure.capacity``). ``loss``: the run's objective.
+
+    The saved-tensor count is taken at two batch sizes (``x`` and half of it): the slope is
+    the activation bytes per sample, the intercept what autograd saves whatever the batch
+    (autocast's low-precision copies of the weights, ``weight_copies``)."""
+    batch = x.shape[0]
+    other = batch // 2 if batch >= 2 else 2
+    # Copies, not views: the meter counts a saved tensor's whole storage.
+    xs = x[:other].clone() if other < batch else torch.cat([x, x])
+    ys = y[:other].clone() if other < batch else torch.cat([y, y])
+    big, small = saved_bytes(module, x, y, policy, loss), saved_bytes(module, xs, ys, policy, loss)
+    _, slope = capacity.per_sample({batch: big.bytes, other: small.bytes})
+    parts = model_memory(module, optimizer)
+    for dtype in sorted(set(big.by_dtype) | set(small.by_dtype)):
+        copies, _ = capacity.per_sample(
+            {batch: big.by_dtype.get(dtype, 0), other: small.by_dtype.get(dtype, 0)}
+        )
+        if copies >= 1024:  # below that: a few saved scalars, not weights
+            parts[f"weight_copies_{dtype}"] = copies
+    model_bytes = sum(parts.values())
+    out = {capacity.BYTES_PER_SAMPLE: slope, capacity.MODEL_MIB: model_bytes / MIB}
+    totals: dict[str, float] = {}
+    for key, nbytes in parts.items():
+        out[f"mem/{key}_mib"] = nbytes / MIB
+        part = key.rsplit("_", 1)[0]
+        totals[part] = totals.get(part, 0) + nbytes
+    out.update({f"mem/{part}_mib": nbytes / MIB for part, nbytes in totals.items()})
+    if x.device.type == "cuda":
+        budget = torch.cuda.get_device_properties(x.device).total_memory
+        out[capacity.BUDGET_GIB] = budget / capacity.GIB
+        predicted = capacity.predict_max_batch(budget, model_bytes, slope)
+        if predicted is not None:
+            out[capacity.MAX_BATCH_PREDICTED] = predicted
+    return out

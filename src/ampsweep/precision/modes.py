@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 AUTO = "auto"  # resolved at run time from the hardware (see ``auto_mode``)
+BASELINE = "fp32"  # what the report compares every mode with, unless told otherwise
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,13 @@ class PrecisionMode:
     dynamic_scale: bool = True  # the loss scale grows and backs off (False: a fixed scale)
     devices: tuple[str, ...] = ("cpu", "cuda")  # where it can run
     fallback: str = ""  # what to use instead where it cannot run (the error's fix)
+    # fp8 training: torchao's float8 recipe ("tensorwise" | "rowwise") for the eligible
+    # nn.Linear layers (both dimensions divisible by 16); every other op runs in ``dtype``
+    # under autocast. "": no layer is converted.
+    fp8: str = ""
+    min_capability: tuple[int, int] | None = None  # the CUDA compute capability it needs
+    extra: str = ""  # the ampsweep extra that installs what it needs: pip install 'ampsweep[extra]'
+    package: str = ""  # the module that extra provides (checked before a run)
 
     @property
     def half(self) -> bool:
@@ -38,6 +46,8 @@ class PrecisionMode:
     @property
     def flop_kind(self) -> str:
         """The column of a GPU's peak-throughput table this mode's math is measured against."""
+        if self.fp8:
+            return "fp8"
         return "tf32" if self.tf32 else self.dtype
 
     @property
@@ -74,6 +84,18 @@ MODES: dict[str, PrecisionMode] = {
             devices=("cuda",), fallback="bf16_pure or fp16",
         ),
         PrecisionMode("bf16_pure", "bf16", autocast=False, pure=True, color="#8172b3"),
+        # fp8 (torchao float8 training): bf16 autocast for everything else, and no GradScaler:
+        # torchao scales each fp8 cast itself (per tensor, or per row), and bf16 has fp32's
+        # exponent range. fp8 tensor cores arrived with Ada and Hopper (compute capability 8.9);
+        # on a CPU, only torchao's emulation runs (precision.fp8.emulate=true).
+        PrecisionMode(
+            "fp8_tensorwise", "bf16", autocast=True, fp8="tensorwise", color="#ccb974",
+            min_capability=(8, 9), fallback="bf16", extra="fp8", package="torchao",
+        ),
+        PrecisionMode(
+            "fp8_rowwise", "bf16", autocast=True, fp8="rowwise", color="#937860",
+            min_capability=(8, 9), fallback="bf16", extra="fp8", package="torchao",
+        ),
     )
 }  # fmt: skip
 
@@ -121,11 +143,24 @@ class ScalerConfig:
 
 
 @dataclass
+class Fp8Config:
+    """fp8 modes (the table's rows with ``fp8``); every other mode ignores these."""
+
+    # Run torchao's emulation (the fp8 matmuls computed in higher precision): for a CPU or a
+    # GPU without fp8 tensor cores, to test a model's conversion. Its speed means nothing.
+    emulate: bool = False
+    # Keep the model's first and last layers out of fp8 (in bf16 under autocast): the input
+    # and the logits are the most sensitive to fp8's 3-bit mantissa.
+    keep_first_last: bool = True
+
+
+@dataclass
 class PrecisionConfig:
     """The precision mode; the derived fields are filled in when the mode is resolved."""
 
     name: str = AUTO  # a mode of the table above, or auto
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    fp8: Fp8Config = field(default_factory=Fp8Config)
     # Resolved from ``name`` (see the table); recorded so the logged config says what ran.
     dtype: Dtype | None = None
     autocast: bool | None = None

@@ -11,7 +11,8 @@ becomes the mode that runs on a device.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+import importlib.util
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -19,6 +20,7 @@ from ampsweep.errors import ConfigError
 from ampsweep.precision import modes
 from ampsweep.precision.modes import (
     Dtype,
+    Fp8Config,
     PrecisionConfig,
     PrecisionMode,
     ScalerConfig,
@@ -28,18 +30,26 @@ from ampsweep.precision.modes import (
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def resolve_mode(name: str, device: torch.device) -> PrecisionMode:
+def resolve_mode(name: str, device: torch.device, emulate: bool = False) -> PrecisionMode:
     """The mode that runs for ``precision.name`` on ``device`` (``auto`` decided by the
-    hardware), refused with the fix where this hardware cannot run it."""
+    hardware), refused with the fix where this hardware (or this installation) cannot run it.
+    ``emulate``: ``precision.fp8.emulate``, an fp8 mode's emulation where fp8 cannot run."""
     if name == modes.AUTO:
         bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         name = modes.auto_mode(device.type, bf16)
     mode = modes.MODES[name]
+    if mode.package and importlib.util.find_spec(mode.package) is None:
+        raise ConfigError(
+            f"precision={mode.name} needs {mode.package}, which is not installed: "
+            f"pip install 'ampsweep[{mode.extra}]' (or use precision={mode.fallback})"
+        )
     if device.type not in mode.devices:
         raise ConfigError(
             f"precision={mode.name} needs a CUDA GPU, but this run is on {device.type}: "
             f"use precision={mode.fallback} here, or run on a CUDA machine"
         )
+    if mode.fp8 and not emulate:
+        _check_fp8_hardware(mode, device)
     if (
         device.type == "cuda"
         and mode.dtype == "bf16"
@@ -50,6 +60,26 @@ def resolve_mode(name: str, device: torch.device) -> PrecisionMode:
             f"and {torch.cuda.get_device_name(device)} has none: use precision=fp16"
         )
     return mode
+
+
+def _check_fp8_hardware(mode: PrecisionMode, device: torch.device) -> None:
+    """fp8 matmuls need fp8 tensor cores; elsewhere only the (slow) emulation runs."""
+    need = ".".join(map(str, mode.min_capability or ()))
+    if device.type != "cuda":
+        raise ConfigError(
+            f"precision={mode.name} on {device.type} runs only in torchao's emulation (for "
+            "testing a model's conversion; its speed means nothing): add "
+            f"precision.fp8.emulate=true, or run on a GPU with compute capability {need}+ "
+            "(Ada, Hopper or later)"
+        )
+    have = torch.cuda.get_device_capability(device)
+    if mode.min_capability and have < mode.min_capability:
+        raise ConfigError(
+            f"precision={mode.name} needs fp8 tensor cores (compute capability {need}+: L4, "
+            f"L40S, H100, H200 or later), and {torch.cuda.get_device_name(device)} has "
+            f"{have[0]}.{have[1]}: use precision={mode.fallback}, or precision.fp8.emulate=true "
+            "to test the conversion (slowly)"
+        )
 
 
 class StaticGradScaler(torch.amp.GradScaler):
@@ -68,6 +98,12 @@ class PrecisionPolicy:
     mode: PrecisionMode
     device: torch.device
     scaler: ScalerConfig  # enabled/dynamic resolved to booleans
+    fp8: Fp8Config = field(default_factory=Fp8Config)  # fp8: emulation, first/last layers
+
+    @property
+    def emulated(self) -> bool:
+        """fp8 run in torchao's emulation: its speed says nothing about fp8 hardware."""
+        return bool(self.mode.fp8) and self.fp8.emulate
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -139,13 +175,14 @@ def tf32_enabled() -> tuple[bool, bool]:
 
 
 def build_policy(pc: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
-    mode = resolve_mode(pc.name, device)
+    mode = resolve_mode(pc.name, device, emulate=pc.fp8.emulate)
     enabled = mode.scaler if pc.scaler.enabled is None else pc.scaler.enabled
     dynamic = mode.dynamic_scale if pc.scaler.dynamic is None else pc.scaler.dynamic
     problem = scaler_problem(mode, enabled)  # auto may resolve to a mode that refuses one
     if problem:
         raise ConfigError(problem)
-    return PrecisionPolicy(mode, device, replace(pc.scaler, enabled=enabled, dynamic=dynamic))
+    scaler = replace(pc.scaler, enabled=enabled, dynamic=dynamic)
+    return PrecisionPolicy(mode, device, scaler, pc.fp8)
 
 
 _NO_SKIP = torch.zeros(())

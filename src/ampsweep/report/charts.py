@@ -1,8 +1,9 @@
 """PNG charts of a sweep report (matplotlib, Agg backend: no display needed).
 
 One figure per question: how fast (throughput, speed-up), how much memory (activations, GPU
-peak), how accurate, how training went (validation loss over steps), and what the loss
-scaler did (scale over steps). They are logged to the sweep's parent run under charts/.
+peak), how accurate (for language models: what perplexity), how training went (validation
+loss over steps), and what the loss scaler did (scale over steps). They are logged to the
+sweep's parent run under charts/.
 """
 
 from __future__ import annotations
@@ -25,9 +26,24 @@ def _label(row: Row, rows: list[Row]) -> str:
     return row.precision if sum(r.precision == row.precision for r in rows) == 1 else row.name
 
 
-def _bars(ax, rows: list[Row], values: list[float], notes: list[str], ylabel: str) -> None:
+def _errors(rows: list[Row], key: str):
+    """Error bars: each bar's 95% interval over repeats (none for a single run), as matplotlib's
+    2 x N (below, above) distances; None when no bar has one."""
+    below, above = [], []
+    for r in rows:
+        est, value = r.ci.get(key), getattr(r, key)
+        has = est is not None and est.has_interval and is_number(value)
+        below.append(value - est.low if has else 0.0)
+        above.append(est.high - value if has else 0.0)
+    return [below, above] if any(below) or any(above) else None
+
+
+def _bars(
+    ax, rows: list[Row], values: list[float], notes: list[str], ylabel: str, key: str = ""
+) -> None:
     labels = [_label(r, rows) for r in rows]
-    bars = ax.bar(labels, values, color=[_color(r.precision) for r in rows])
+    errors = _errors(rows, key) if key else None
+    bars = ax.bar(labels, values, color=[_color(r.precision) for r in rows], yerr=errors, capsize=4)
     for bar, note in zip(bars, notes, strict=True):
         if note:
             ax.annotate(
@@ -54,18 +70,26 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _over(report: Report) -> str:
+    """What the bars are, with repeats: means, and error bars for their 95% intervals."""
+    return "; mean and 95% interval over seeds" if report.repeated else ""
+
+
 def throughput(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.rows if is_number(r.samples_per_s)]
+    rows = [r for r in report.summary if is_number(r.samples_per_s)]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    _bars(ax, rows, [r.samples_per_s for r in rows], [_x(r.speedup) for r in rows], "samples/s")
-    ax.set_title(f"Training throughput (labels: speed-up over {report.baseline_mode})")
+    notes = [_x(r.speedup) + (" (emulated)" if r.emulated else "") for r in rows]
+    _bars(ax, rows, [r.samples_per_s for r in rows], notes, "samples/s", "samples_per_s")
+    ax.set_title(
+        f"Training throughput (labels: speed-up over {report.baseline_mode}{_over(report)})"
+    )
     return _save(fig, path)
 
 
 def memory(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.rows if is_number(r.activation_mib)]
+    rows = [r for r in report.summary if is_number(r.activation_mib)]
     if not rows:
         return None
     peak = [r for r in rows if is_number(r.peak_mib)]
@@ -76,6 +100,7 @@ def memory(report: Report, path: Path) -> Path | None:
         [r.activation_mib for r in rows],
         [_x(r.activation_ratio) for r in rows],
         "MiB saved for backward per step",
+        "activation_mib",
     )
     axes[0][0].set_title(f"Activation memory (labels: ratio to {report.baseline_mode})")
     if peak:
@@ -85,21 +110,50 @@ def memory(report: Report, path: Path) -> Path | None:
             [r.peak_mib for r in peak],
             [_x(r.peak_ratio) for r in peak],
             "MiB (CUDA peak allocated)",
+            "peak_mib",
         )
         axes[0][1].set_title("Peak GPU memory")
     return _save(fig, path)
 
 
 def accuracy(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.rows if is_number(r.val_acc)]
+    rows = [r for r in report.summary if is_number(r.val_acc)]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
     notes = [f"{r.acc_delta * 100:+.1f} pt" if is_number(r.acc_delta) else "" for r in rows]
-    _bars(ax, rows, [r.val_acc for r in rows], notes, "validation accuracy")
+    _bars(ax, rows, [r.val_acc for r in rows], notes, "validation accuracy", "val_acc")
     low = min(r.val_acc for r in rows)
     ax.set_ylim(max(0.0, low - 0.1), 1.0 if low > 0.5 else None)
-    ax.set_title(f"Validation accuracy (labels: points vs {report.baseline_mode})")
+    ax.set_title(f"Validation accuracy (labels: points vs {report.baseline_mode}{_over(report)})")
+    return _save(fig, path)
+
+
+def capacity(report: Report, path: Path) -> Path | None:
+    rows = [r for r in report.summary if is_number(r.max_batch)]
+    if not rows or not report.budget:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    notes = [_x(r.max_batch_ratio) for r in rows]
+    _bars(ax, rows, [r.max_batch for r in rows], notes, "samples per step", "max_batch")
+    ax.set_title(
+        f"Largest batch predicted {report.budget} (labels: ratio to {report.baseline_mode})"
+    )
+    return _save(fig, path)
+
+
+def perplexity(report: Report, path: Path) -> Path | None:
+    rows = [r for r in report.rows if is_number(r.val_ppl)]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _bars(ax, rows, [r.val_ppl for r in rows], [_x(r.ppl_ratio) for r in rows],
+          "validation perplexity (lower is better)")  # fmt: skip
+    unigram = next((r.unigram_ppl for r in rows if is_number(r.unigram_ppl)), None)
+    if unigram:
+        ax.axhline(unigram, color="grey", linestyle="--", label=f"unigram baseline {unigram:.2f}")
+        ax.legend(fontsize=8)
+    ax.set_title(f"Validation perplexity (labels: ratio to {report.baseline_mode})")
     return _save(fig, path)
 
 
@@ -108,13 +162,23 @@ def _curves(report: Report, key: str, path: Path, title: str, ylabel: str, log: 
     if not runs:
         return None
     rows = {r.run_id: r for r in report.rows}
+    # With repeats, one line per run in its mode's colour, the legend naming each mode once.
+    group_of = {m: s for s in report.summary for m in s.members}
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    labelled = set()
     for run in runs:
         steps, values = zip(*sorted(run.history[key]), strict=True)
-        row = rows[run.run_id]
+        row = group_of.get(run.run_id, rows[run.run_id])
+        label = _label(row, report.summary)
         ax.plot(
-            steps, values, marker=".", label=_label(row, report.rows), color=_color(row.precision)
+            steps,
+            values,
+            marker=".",
+            label=None if label in labelled else label,
+            color=_color(row.precision),
+            alpha=0.6 if row.n > 1 else 1.0,
         )
+        labelled.add(label)
     if log:
         ax.set_yscale("log", base=2)
     ax.set_xlabel("optimizer step")
@@ -132,6 +196,8 @@ def write_charts(report: Report, folder: Path) -> list[Path]:
         throughput(report, folder / "throughput.png"),
         memory(report, folder / "memory.png"),
         accuracy(report, folder / "accuracy.png"),
+        perplexity(report, folder / "perplexity.png"),
+        capacity(report, folder / "max_batch.png"),
         _curves(
             report, "val/loss", folder / "val_loss.png", "Validation loss", "val/loss", log=False
         ),

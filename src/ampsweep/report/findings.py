@@ -10,10 +10,16 @@ import math
 from collections.abc import Mapping
 
 from ampsweep.precision import modes
+from ampsweep.precision.modes import BASELINE
+from ampsweep.report import stats
 from ampsweep.report.model import Row, is_number
 from ampsweep.tracking.store import FINISHED
 
 ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
+# Perplexity "held" within 5% of the baseline's: a validation loss within about 0.05 nats.
+# Short runs vary more than that with the seed alone (the CPU LM sweep's fp32 run: 9.3 to 12.2
+# over four seeds), so a difference beyond it on a short run is a reason to repeat, not proof.
+PPL_TOLERANCE = 0.05
 
 
 def _is(name: str, test) -> bool:
@@ -42,6 +48,14 @@ def describe_device(tags: dict[str, str]) -> str:
     return f"{kind} ({inner})" if inner else kind
 
 
+# Autocast saves half-precision copies of the weights for backward; on a model whose
+# activations are small next to its weights, those copies dominate.
+WEIGHT_COPIES = (
+    "Autocast keeps half-precision copies of the weights for backward, which outweigh the "
+    "activations on a model this small."
+)
+
+
 def _capability(tags: dict[str, str]) -> float | None:
     try:
         return float(tags["compute_capability"])
@@ -53,19 +67,35 @@ def _pts(delta: float) -> str:
     return f"{delta * 100:+.1f} points"
 
 
-def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32") -> list[str]:
-    """Plain-language conclusions, each with the numbers behind it."""
+def _rate(r: Row) -> str:
+    """A run's throughput in its own unit: tokens/s for language models, else samples/s."""
+    if is_number(r.tokens_per_s):
+        return f"{r.tokens_per_s:,.0f} tokens/s"
+    return f"{r.samples_per_s:,.0f} samples/s"
+
+
+def findings(
+    rows: list[Row], device: dict[str, str], baseline_mode: str = BASELINE, budget: str = ""
+) -> list[str]:
+    """Plain-language conclusions, each with the numbers behind it. ``rows``: one per
+    configuration and mode (repeats summarised, ``report.groups``); a verdict over repeats
+    carries its 95% interval. ``budget``: the max batch column's memory, in words."""
     out = [f"Device: {describe_device(device)}."]
     done = [r for r in rows if r.status == FINISHED]
     compared = [r for r in done if r.baseline]
-    groups: dict[tuple[str, str], list[Row]] = {}
+    groups: dict[str, list[Row]] = {}
     for r in compared:
-        groups.setdefault((r.model, r.dataset), []).append(r)
-    for (model, dataset), group in groups.items():
-        where = f" ({model} on {dataset})" if len(groups) > 1 else ""
-        out.extend(_group_findings(group, baseline_mode, where))
+        groups.setdefault(_where(r), []).append(r)
+    for where, group in groups.items():
+        suffix = f" ({where})" if len(groups) > 1 else ""
+        if any(r.n > 1 for r in group):
+            out.extend(_interval_findings(group, baseline_mode, suffix, device))
+        else:
+            out.extend(_group_findings(group, baseline_mode, suffix))
     out.extend(_noscale_findings(done, baseline_mode))
     out.extend(_underflow_findings(done))
+    out.extend(_capacity_findings(compared, baseline_mode, budget))
+    out.extend(_fp8_findings(done))
     out.extend(_hardware_findings(compared, device, baseline_mode))
     missing = [r for r in done if not r.baseline]
     if missing:
@@ -77,25 +107,37 @@ def findings(rows: list[Row], device: dict[str, str], baseline_mode: str = "fp32
     for r in rows:
         if r.status != FINISHED:
             out.append(f"{r.name} ended {r.status}: {r.error or 'no error recorded'}.")
+    if any(r.precision != baseline_mode for r in compared) and all(r.n == 1 for r in compared):
+        out.append(
+            "Each verdict here rests on a single run per mode: a rerun moves accuracy by a few "
+            "tenths of a point and, on a shared machine, speed by tens of percent. "
+            "sweep.repeats=3 (or more) repeats every mode with other seeds and gives each "
+            "comparison a 95% confidence interval."
+        )
     return out
+
+
+def _where(r: Row) -> str:
+    """The configuration a row belongs to, beyond its precision: ``cnn on digits, lr=0.01``."""
+    return f"{r.model} on {r.dataset}" + (f", {r.varies}" if r.varies else "")
 
 
 def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     out = []
-    timed = [r for r in group if is_number(r.speedup)]
-    if timed:
+    timed = [r for r in group if is_number(r.speedup) and not r.emulated]
+    if len(timed) > 1:  # a mode to compare with the baseline (an emulated one has no speed)
         best = max(timed, key=lambda r: r.speedup)
         if best.precision == base or best.speedup <= 1.0:
             others = [r for r in timed if r is not best]
             slower = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in others)
             out.append(
-                f"Fastest here{where}: {best.precision} at {best.samples_per_s:,.0f} samples/s; "
+                f"Fastest here{where}: {best.precision} at {_rate(best)}; "
                 f"every other mode is slower (throughput relative to {base}: {slower})."
             )
         else:
             out.append(
                 f"Fastest here{where}: {best.precision}, {best.speedup:.2f}x the {base} "
-                f"throughput ({best.samples_per_s:,.0f} samples/s)."
+                f"throughput ({_rate(best)})."
             )
     act = [r for r in group if is_number(r.activation_ratio) and r.precision != base]
     if act:
@@ -109,13 +151,10 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
                 f"({best.activation_ratio:.2f}x, {saved:.0f}% less)."
             )
         else:
-            # Autocast saves half-precision copies of the weights for backward; on a model
-            # whose activations are small next to its weights, those copies dominate.
             out.append(
                 f"No mode saved activation memory{where}: the least is {best.precision} with "
                 f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
-                f"({best.activation_ratio:.2f}x). Autocast keeps half-precision copies of the "
-                "weights for backward, which outweigh the activations on a model this small."
+                f"({best.activation_ratio:.2f}x). {WEIGHT_COPIES}"
             )
     peak = [r for r in group if is_number(r.peak_ratio) and r.precision != base]
     if peak:
@@ -146,6 +185,194 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
                 f"Accuracy rose{where} for {r.precision}: {r.val_acc:.3f} "
                 f"({_pts(r.acc_delta)} vs {base}; at this run length that is noise, not a gain)."
             )
+    out.extend(_perplexity_findings(group, base, where))
+    return out
+
+
+def _perplexity_findings(group: list[Row], base: str, where: str) -> list[str]:
+    """Language models: perplexity against the baseline's, and against the unigram baseline
+    of the same text (what predicting each token from its frequency alone achieves)."""
+    ppls = [r for r in group if is_number(r.ppl_ratio) and r.precision != base]
+    if not ppls:
+        return []
+    out = []
+    base_ppl = ppls[0].val_ppl / ppls[0].ppl_ratio
+    unigram = next((r.unigram_ppl for r in group if is_number(r.unigram_ppl)), None)
+    if unigram:
+        verdict = "learnt well below it" if base_ppl < 0.75 * unigram else "is not far below it"
+        out.append(
+            f"{base} reached validation perplexity {base_ppl:.3f}{where}; predicting each token "
+            f"from its frequency alone (the unigram baseline of the same text) gives "
+            f"{unigram:.3f}: the model {verdict}."
+        )
+    held = [r for r in ppls if abs(r.ppl_ratio - 1.0) <= PPL_TOLERANCE]
+    if held:
+        listing = ", ".join(f"{r.precision} {r.val_ppl:.3f}" for r in held)
+        out.append(
+            f"Perplexity held{where} within {PPL_TOLERANCE:.0%} of {base}'s {base_ppl:.3f}: "
+            f"{listing}."
+        )
+    for r in ppls:
+        change = f"{(r.ppl_ratio - 1.0) * 100:+.1f}% vs {base}"
+        if r.ppl_ratio > 1.0 + PPL_TOLERANCE:
+            out.append(f"Perplexity rose{where} for {r.precision}: {r.val_ppl:.3f} ({change}).")
+        elif r.ppl_ratio < 1.0 - PPL_TOLERANCE:
+            out.append(
+                f"Perplexity fell{where} for {r.precision}: {r.val_ppl:.3f} ({change}; at this "
+                "run length that is noise, not a gain)."
+            )
+    return out
+
+
+# ---------------------------------------------------------------- verdicts over repeats
+
+
+def _on(device: dict[str, str]) -> str:
+    kind = device.get("device")
+    return {"cpu": " on this CPU", "cuda": " on this GPU"}.get(kind, "")
+
+
+def _n(r: Row, name: str) -> int:
+    est = r.ci.get(name)
+    return est.n if est is not None else r.n
+
+
+def _ratio(r: Row, name: str, vs: str = "") -> str:
+    """``0.16x, interval 0.15-0.17x, n=3`` (``0.52x in all 3 runs``; ``0.16x, a single
+    run``); ``vs``: what it is a ratio to, after the value."""
+    value, est = getattr(r, name), r.ci.get(name)
+    if est is None or not est.has_interval:
+        return f"{value:.2f}x{vs}, a single run"
+    if est.half_width == 0:
+        every = "both runs" if est.n == 2 else f"all {est.n} runs"
+        return f"{value:.2f}x{vs} in {every}"
+    return f"{value:.2f}x{vs}, interval {est.low:.2f}-{est.high:.2f}x, n={est.n}"
+
+
+def _points(r: Row, vs: str = "") -> str:
+    """``-0.1 +/- 0.3 points, n=5``: a paired accuracy difference and its interval."""
+    est = r.ci.get("acc_delta")
+    if est is None or not est.has_interval:
+        return f"{_pts(r.acc_delta)}{vs}, a single run"
+    return f"{r.acc_delta * 100:+.1f} +/- {est.half_width * 100:.1f} points{vs}, n={est.n}"
+
+
+def _acc(r: Row) -> str:
+    est = r.ci.get("val_acc")
+    if est is None or not est.has_interval:
+        return f"{r.val_acc:.3f}"
+    return f"{r.val_acc:.3f} +/- {est.half_width:.3f}"
+
+
+# What the interval of a paired comparison says (``stats.compare``; None: a single run)
+SPEED_WORDS = {
+    "lower": "is slower than",
+    "higher": "is faster than",
+    "indistinguishable": "is indistinguishable in speed from",
+    None: "compares with",
+}
+ACC_WORDS = {
+    "lower": "is lower than",
+    "higher": "is higher than",
+    "indistinguishable": "is indistinguishable from",
+    None: "compares with",
+}
+
+
+def _interval_findings(group: list[Row], base: str, where: str, device: dict) -> list[str]:
+    """Speed, memory and accuracy against the baseline, each a verdict on the 95% interval of
+    the paired comparison: a mode is faster (or more accurate) only when the whole interval
+    says so, else it is indistinguishable from the baseline at this number of repeats."""
+    out = []
+    others = [r for r in group if r.precision != base]
+    speed = [
+        f"{r.precision} {SPEED_WORDS[stats.compare(r.ci.get('speedup'), 1.0)]} "
+        f"{base}{_on(device)} ({_ratio(r, 'speedup')})"
+        for r in others
+        if is_number(r.speedup) and not r.emulated
+    ]
+    if speed:
+        out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
+    act = [r for r in others if is_number(r.activation_ratio)]
+    if act:
+        best = min(act, key=lambda r: r.activation_ratio)
+        base_mib = best.activation_mib / best.activation_ratio
+        saved = best.activation_ratio < 1
+        less = f"; {(1 - best.activation_ratio) * 100:.0f}% less" if saved else ""
+        head = "Most activation memory saved" if saved else "No mode saved activation memory"
+        why = "" if saved else f" {WEIGHT_COPIES}"
+        out.append(
+            f"{head}{where}: {best.precision}, {best.activation_mib:.2f} MiB per step vs "
+            f"{base_mib:.2f} MiB for {base} ({_ratio(best, 'activation_ratio')}{less}).{why}"
+        )
+    peak = [r for r in others if is_number(r.peak_ratio)]
+    if peak:
+        best = min(peak, key=lambda r: r.peak_ratio)
+        out.append(
+            f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB vs "
+            f"{best.peak_mib / best.peak_ratio:,.0f} MiB for {base} "
+            f"({_ratio(best, 'peak_ratio')})."
+        )
+    accs = [r for r in others if is_number(r.acc_delta)]
+    if accs:
+        parts = [
+            f"{r.precision}'s accuracy {ACC_WORDS[stats.compare(r.ci.get('acc_delta'), 0.0)]} "
+            f"{base}'s ({_points(r)})"
+            for r in accs
+        ]
+        base_row = next((r for r in group if r.precision == base), None)
+        if base_row is not None and is_number(base_row.val_acc):
+            parts.insert(0, f"{base} reached {_acc(base_row)} (n={_n(base_row, 'val_acc')})")
+        out.append(f"Accuracy{where}, paired by seed: " + "; ".join(parts) + ".")
+    return out
+
+
+def _capacity_findings(compared: list[Row], base: str, budget: str) -> list[str]:
+    """How much larger a batch each mode fits than the baseline in the memory budget."""
+    rows = [r for r in compared if r.precision != base and is_number(r.max_batch_ratio)]
+    if not rows or not budget:
+        return []
+    best = max(rows, key=lambda r: r.max_batch_ratio)
+    base_batch = best.max_batch / best.max_batch_ratio
+    others = ", ".join(f"{r.precision} {r.max_batch_ratio:.2f}x" for r in rows if r is not best)
+    how = (
+        " (predicted from the activation bytes per sample and the memory that does not grow "
+        "with the batch: parameters, gradients, optimizer state, autocast's weight copies)"
+    )
+    if best.max_batch_ratio <= 1.0:
+        return [
+            f"No mode fits a larger batch than {base} {budget}: the most is {best.precision} "
+            f"with {best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
+            f"({_ratio(best, 'max_batch_ratio')}){how}."
+        ]
+    rest = f"; {others}" if others else ""
+    return [
+        f"{best.precision} fits {best.max_batch_ratio:.2f}x the batch of {base} {budget}: "
+        f"{best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
+        f"({_ratio(best, 'max_batch_ratio')}{rest}){how}."
+    ]
+
+
+def _fp8_findings(done: list[Row]) -> list[str]:
+    """What fp8 converted, and that an emulated run's speed means nothing."""
+    out = []
+    for r in done:
+        if not _is(r.precision, lambda m: bool(m.fp8)):
+            continue
+        share = (
+            f"the Linear layers it converted carry {r.fp8_flop_share:.0%} of the FLOPs (the rest "
+            "ran in bf16)"
+            if is_number(r.fp8_flop_share)
+            else "no conversion was recorded"
+        )
+        if r.emulated:
+            out.append(
+                f"{r.name} ran in torchao's fp8 emulation (precision.fp8.emulate=true): its fp8 "
+                "matmuls were computed in higher precision, so its speed means nothing; its "
+                f"accuracy and memory show what fp8 does to this model; {share}."
+            )
+        else:
+            out.append(f"{r.name}: {share}; fp8 can speed up only that share.")
     return out
 
 
@@ -154,15 +381,26 @@ def _noscale_findings(done: list[Row], base: str) -> list[str]:
     for r in done:
         if not _is(r.precision, lambda m: m.unscaled_fp16):
             continue
-        acc = f"reached {r.val_acc:.3f}" if is_number(r.val_acc) else "has no accuracy"
-        delta = f" ({_pts(r.acc_delta)} vs {base})" if is_number(r.acc_delta) else ""
+        acc = f"reached {_acc(r)}" if is_number(r.val_acc) else "has no accuracy"
+        delta = ""
+        if is_number(r.acc_delta):
+            vs = f" vs {base}"
+            delta = f" ({_points(r, vs)})" if r.n > 1 else f" ({_pts(r.acc_delta)}{vs})"
+        if is_number(r.val_ppl):  # a language model
+            acc = f"reached perplexity {r.val_ppl:.3f}"
+            ratio = r.ppl_ratio
+            delta = f" ({(ratio - 1.0) * 100:+.1f}% vs {base})" if is_number(ratio) else ""
         text = (
             f"fp16 without loss scaling ({r.precision}) {acc}{delta}. With no scaler no step is "
             "checked or skipped: gradients too small for fp16 silently become zero"
         )
-        under = {k: v for k, v in r.extra.items() if "underflow" in k}
-        if under:
-            text += " (" + ", ".join(f"{k} {v:.3g}" for k, v in under.items()) + ")"
+        under = r.extra.get("amp/grad_underflow_frac")
+        if is_number(under):
+            text += (
+                f" ({_pct(under)} of this run's gradient values did)"
+                if under > 0
+                else " (on this model none did: amp/grad_underflow_frac 0)"
+            )
         scaled = [x for x in done if _is(x.precision, _scaled_fp16) and x.model == r.model]
         if scaled:
             parts = [
@@ -180,20 +418,18 @@ def _noscale_findings(done: list[Row], base: str) -> list[str]:
 def _underflow_findings(done: list[Row]) -> list[str]:
     """What the gradient-underflow diagnostics measured (runs with diagnostics.every > 0):
     how much of the gradient fp16 without scaling loses on this model, what the scaler keeps."""
-    groups: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    groups: dict[str, dict[str, dict[str, float]]] = {}
     for r in done:
         if r.extra:
-            metrics = {**r.extra, "val/acc": r.val_acc if is_number(r.val_acc) else float("nan")}
+            metrics = {**r.extra, **({"val/acc": r.val_acc} if is_number(r.val_acc) else {})}
             if is_number(r.loss_scale):
                 metrics["amp/loss_scale"] = r.loss_scale
-            groups.setdefault((r.model, r.dataset), {})[r.precision] = metrics
+            groups.setdefault(_where(r), {})[r.precision] = metrics
     out = []
-    for (model, dataset), runs in groups.items():
+    for where, runs in groups.items():
         text = underflow_finding(runs)
         if text:
-            out.append(
-                f"Gradient underflow{f' ({model} on {dataset})' if len(groups) > 1 else ''}: {text}"
-            )
+            out.append(f"Gradient underflow{f' ({where})' if len(groups) > 1 else ''}: {text}")
     return out
 
 
@@ -203,7 +439,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
         for r in compared
         if r.precision != base and _is(r.precision, lambda m: m.half) and is_number(r.speedup)
     ]
-    rel = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in half)
+    rel = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in half if not r.emulated)
     rel = f" ({rel})" if rel else ""
     kind = device.get("device")
     if kind == "cpu":
@@ -217,7 +453,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
             f"This CPU has no tensor cores and {has}, so its timings of half precision{rel} "
             "say little about a GPU: the speed-ups of mixed precision belong to GPUs with "
             "tensor cores. What carries over from a CPU run is the activation memory saved and "
-            "whether accuracy held."
+            "whether accuracy (for a language model, perplexity) held."
         ]
     cap = _capability(device)
     if kind == "cuda" and cap is not None and cap < 7.0:
@@ -277,8 +513,13 @@ def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
     noscale_mode = next((n for n in measured if _is(n, lambda m: m.unscaled_fp16)), None)
     noscale = measured.get(noscale_mode) if noscale_mode else None
     if noscale and "amp/grad_flushed_frac" in noscale:
-        lost_here = _pct(noscale["amp/grad_flushed_frac"])
-        text = f"The {noscale_mode} run actually lost {lost_here}"
+        flushed = noscale["amp/grad_flushed_frac"]
+        lost_here = (
+            f"lost {_pct(flushed)} of its non-zero gradient values"
+            if flushed > 0
+            else "lost none of its gradient values"
+        )
+        text = f"The {noscale_mode} run actually {lost_here}"
         if "val/acc" in noscale and base_mode in runs and "val/acc" in runs[base_mode]:
             text += (
                 f" and reached val/acc {noscale['val/acc']:.3f} against "
@@ -286,13 +527,15 @@ def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
             )
         parts.append(text + ".")
     scaled_mode = next((n for n in measured if _is(n, _scaled_fp16)), None)
-    if scaled_mode and "amp/grad_underflow_frac_scaled" in measured[scaled_mode]:
+    if lost > 0 and scaled_mode and "amp/grad_underflow_frac_scaled" in measured[scaled_mode]:
         m = measured[scaled_mode]
         still = m["amp/grad_underflow_frac_scaled"]
         scale = m.get("amp/loss_scale", float("nan"))
-        kept = 1.0 - still / m[key] if m[key] > 0 else 1.0
-        parts.append(
-            f"In {scaled_mode}, the scaler at scale {scale:g} leaves {_pct(still)} below fp16's "
-            f"range, so it keeps {_pct(kept)} of the values fp16 alone would lose."
-        )
+        if m[key] > 0:
+            kept = 1.0 - still / m[key]
+            left = f"leaves {_pct(still)} below fp16's range" if still > 0 else "leaves none"
+            parts.append(
+                f"In {scaled_mode}, the scaler at scale {scale:g} {left}, so it keeps "
+                f"{_pct(kept)} of the values fp16 alone would lose."
+            )
     return " ".join(parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ampsweep.report.stats import Estimate
 from ampsweep.tracking.store import PRECISION
 
 
@@ -23,6 +24,9 @@ class RunData:
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # A relaunch skips a job whose identical config already FINISHED; that earlier run stands
+    # in for the job in this launch's report (its job number in this sweep).
+    stands_in_for_job: str | None = None
 
     @property
     def precision(self) -> str:
@@ -42,7 +46,12 @@ class Row:
     baseline_run_id: str | None = None
     val_acc: float | None = None
     acc_delta: float | None = None  # fraction (0.01 = one point)
+    # Language models report perplexity instead of accuracy (lower is better).
+    val_ppl: float | None = None
+    ppl_ratio: float | None = None  # val_ppl / the baseline's (1.02: 2% higher)
+    unigram_ppl: float | None = None  # the perplexity of token frequencies on the same text
     samples_per_s: float | None = None
+    tokens_per_s: float | None = None
     speedup: float | None = None
     activation_mib: float | None = None
     activation_ratio: float | None = None
@@ -50,9 +59,37 @@ class Row:
     peak_ratio: float | None = None
     skipped_steps: float | None = None
     loss_scale: float | None = None
+    step_ms: float | None = None
+    tflops: float | None = None
+    mfu: float | None = None  # fraction of the GPU's peak for the mode's math
+    varies: str = ""  # the settings beyond precision that differ between the sweep's runs
+    reused: bool = False  # an earlier launch's FINISHED run standing in for this job
     extra: dict[str, float] = field(default_factory=dict)  # OPTIONAL_PREFIXES metrics
     note: str = ""
     error: str = ""
+    seed: str = ""  # trainer.seed
+    # capacity: what one sample and the model cost, and the largest batch for the budget
+    bytes_per_sample: float | None = None
+    model_mib: float | None = None
+    max_batch: float | None = None
+    max_batch_ratio: float | None = None
+    emulated: bool = False  # an fp8 mode in torchao's emulation: its speed means nothing
+    fp8_flop_share: float | None = None  # share of the FLOPs in layers converted to fp8
+    # A configuration's repeats (same config but the seed) summarised in one row: the field
+    # values above are means (ratios: geometric means), ``ci`` their 95% intervals, ``n`` the
+    # finished runs (1: a single run, whose row this is), ``members`` their run ids.
+    n: int = 1
+    ci: dict[str, Estimate] = field(default_factory=dict)
+    members: list[str] = field(default_factory=list)
+
+    @property
+    def shown_status(self) -> str:
+        return "earlier" if self.reused else self.status
+
+    @property
+    def scaler_skips(self) -> float | None:
+        """Skipped steps where a scaler ran: only a scaler checks steps and skips them."""
+        return self.skipped_steps if is_number(self.loss_scale) else None
 
 
 @dataclass
@@ -60,25 +97,40 @@ class Report:
     sweep: dict[str, str]  # run_id, name, experiment_id, sweep_dir, command
     device: dict[str, str]
     baseline_mode: str
-    rows: list[Row]
+    rows: list[Row]  # one per run
     findings: list[str]
     runs: list[RunData] = field(default_factory=list)  # for the charts
+    # One row per configuration and mode: its repeats (seeds) summarised; a run that did not
+    # finish keeps a row of its own. The same as ``rows`` when nothing was repeated.
+    summary: list[Row] = field(default_factory=list)
+    budget: str = ""  # the memory budget of the max batch column, in words ("80 GiB")
+
+    def __post_init__(self) -> None:
+        if not self.summary:
+            self.summary = list(self.rows)
+
+    @property
+    def repeated(self) -> bool:
+        """Whether some configuration ran more than once (then rows are summarised)."""
+        return any(r.n > 1 for r in self.summary)
 
     def headline_metrics(self) -> dict[str, float]:
-        """``speedup/<mode>``, ``acc_delta/<mode>``, ``activation_ratio/<mode>`` (and
-        ``peak_ratio``) per compared run; the run name replaces the mode when a mode repeats."""
+        """``speedup/<mode>``, ``acc_delta/<mode>`` (``ppl_ratio/<mode>`` for language models),
+        ``activation_ratio/<mode>`` (and ``peak_ratio``, ``max_batch_ratio``) per compared
+        configuration; the row's name replaces the mode when a mode repeats. Over repeats: the
+        means, and ``<name>_low/<mode>``, ``<name>_high/<mode>`` their 95% interval."""
         counts: dict[str, int] = {}
-        for r in self.rows:
+        for r in self.summary:
             counts[r.precision] = counts.get(r.precision, 0) + 1
         out = {}
-        for r in self.rows:
+        for r in self.summary:
             key = r.precision if counts[r.precision] == 1 else r.name
-            for name, value in (
-                ("speedup", r.speedup),
-                ("acc_delta", r.acc_delta),
-                ("activation_ratio", r.activation_ratio),
-                ("peak_ratio", r.peak_ratio),
-            ):
+            for name in ("speedup", "acc_delta", "ppl_ratio", "activation_ratio", "peak_ratio",
+                         "max_batch_ratio"):  # fmt: skip
+                value = getattr(r, name)
                 if is_number(value):
                     out[f"{name}/{key}"] = value
+                est = r.ci.get(name)
+                if est is not None and est.has_interval:
+                    out[f"{name}_low/{key}"], out[f"{name}_high/{key}"] = est.low, est.high
         return out

@@ -1,61 +1,138 @@
-"""The report as a console table, Markdown, CSV and JSON."""
+"""The report as a console table, Markdown, CSV and JSON.
+
+The console table fits 100 columns: the columns a reader needs to decide (mode, accuracy and
+its change, throughput and speed-up, memory saved, MFU on a GPU, the largest batch, what the
+loss scaler did), the least needed left out first when they do not fit. With repeated seeds it
+has a row per configuration and mode, each cell a mean and ``±`` half its 95% interval.
+``--wide`` shows every column; the Markdown, CSV and JSON files always carry everything, and
+every run.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from ampsweep.report.model import Report, Row, is_number
 
-COLUMNS = [  # (key, header, format)
-    ("precision", "mode", "s"),
-    ("model", "model", "s"),
-    ("dataset", "data", "s"),
-    ("status", "status", "s"),
-    ("val_acc", "val acc", ".4f"),
-    ("acc_delta", "Δacc pt", "pt"),
-    ("samples_per_s", "samples/s", ",.0f"),
-    ("speedup", "speed-up", "x"),
-    ("activation_mib", "act MiB", ".3f"),
-    ("activation_ratio", "act ratio", "x"),
-    ("peak_mib", "peak MiB", ",.0f"),
-    ("peak_ratio", "peak ratio", "x"),
-    ("skipped_steps", "skipped", ".0f"),
-    ("loss_scale", "loss scale", "g"),
+CONSOLE_WIDTH = 100
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str  # a Row attribute, or "extra:<metric>"
+    header: str
+    fmt: str  # "s" text, "x" ratio, "pt" points, "pct" percent, else a format spec
+    console: bool = True  # in the default console table (else only with --wide and in files)
+    # "always" | "numbers" (some row has one) | "text" | "differs" | "repeats" (some row
+    # summarises repeated runs)
+    when: str = "always"
+    drop: int = 0  # when the console table is too wide, the highest is left out first (0: never)
+
+
+COLUMNS = [
+    Column("precision", "mode", "s"),
+    Column("varies", "config", "s", when="text"),
+    Column("model", "model", "s", when="differs"),
+    Column("dataset", "data", "s", when="differs"),
+    Column("shown_status", "status", "s", when="differs"),
+    Column("n", "runs", "d", when="repeats", drop=7),
+    # accuracy for classifiers, perplexity for language models: as the runs logged them
+    Column("val_acc", "val acc", ".4f", when="numbers"),
+    Column("acc_delta", "Δacc pt", "pt", when="numbers"),
+    Column("val_ppl", "val ppl", ".3f", when="numbers"),
+    Column("ppl_ratio", "ppl ratio", "x", when="numbers"),
+    Column("samples_per_s", "samples/s", ",.0f", drop=5),
+    Column("tokens_per_s", "tokens/s", ",.0f", when="numbers", drop=4),
+    Column("speedup", "speed-up", "x"),
+    Column("step_ms", "step ms", ".2f", console=False),
+    Column("tflops", "TFLOPS", ".3g", console=False, when="numbers"),
+    Column("mfu", "MFU", "pct", when="numbers", drop=4),
+    Column("activation_mib", "act MiB", ".3f", console=False),
+    Column("activation_ratio", "act mem", "x"),
+    Column("peak_mib", "peak MiB", ",.0f", console=False, when="numbers"),
+    Column("peak_ratio", "peak mem", "x", when="numbers", drop=2),
+    Column("max_batch", "max batch", ",.0f", when="numbers", drop=3),
+    Column("max_batch_ratio", "batch x", "x", console=False, when="numbers"),
+    Column("bytes_per_sample", "B/sample", ",.0f", console=False, when="numbers"),
+    Column("model_mib", "model MiB", ".3g", console=False, when="numbers"),
+    Column("fp8_flop_share", "fp8 FLOPs", "pct", console=False, when="numbers"),
+    Column("scaler_skips", "skipped", ".0f", console=True, when="numbers", drop=6),
+    Column("skipped_steps", "skipped", ".0f", console=False),
+    Column("loss_scale", "scale", "g", when="numbers", drop=8),
 ]
 
 
-def _cell(value, fmt: str) -> str:
-    if fmt == "s":
-        return str(value) if value is not None else ""
-    if not is_number(value):
-        return "-"
+def _number(value, fmt: str) -> str:
     if fmt == "x":
         return f"{value:.2f}x"
     if fmt == "pt":
         return f"{value * 100:+.1f}"
+    if fmt == "pct":
+        return f"{value:.1%}"
     return format(value, fmt)
 
 
-def columns(report: Report) -> list[tuple[str, str, str]]:
-    """The columns worth showing: peak memory only when measured (CUDA), loss scale only when
-    a scaler ran, and each optional ``amp/grad_*`` metric that some run logged."""
-    rows = report.rows
-    cols = [
-        c
-        for c in COLUMNS
-        if c[0] not in ("peak_mib", "peak_ratio", "loss_scale")
-        or any(is_number(getattr(r, c[0])) for r in rows)
-    ]
-    extras = sorted({k for r in rows for k in r.extra})
-    cols += [(f"extra:{k}", k.split("/", 1)[-1], ".3g") for k in extras]
-    return cols
+def _spread(half: float, fmt: str) -> str:
+    """The ``±`` part of a cell: the half-width of the 95% interval in the value's unit."""
+    if fmt == "x":
+        return f"±{half:.2f}"
+    if fmt == "pt":
+        return f"±{half * 100:.1f}"
+    if fmt == "pct":
+        return f"±{half * 100:.1f}"
+    return "±" + format(half, fmt.lstrip("+"))
+
+
+def _cell(value, fmt: str, est=None) -> str:
+    """A table cell: the value, and ``±`` the half-width of its interval over repeats."""
+    if fmt == "s":
+        return str(value) if value is not None else ""
+    if not is_number(value):
+        return "-"
+    if est is None or not est.has_interval:
+        return _number(value, fmt)
+    if fmt == ".4f":  # an accuracy with its interval: three decimals say enough
+        fmt = ".3f"
+    spread = _spread(est.half_width, fmt)
+    if not any(ch in "123456789" for ch in spread):  # the same in every run (at this precision)
+        return _number(value, fmt)
+    return f"{_number(value, fmt)} {spread}"
 
 
 def _value(row: Row, key: str):
     return row.extra.get(key[6:]) if key.startswith("extra:") else getattr(row, key)
+
+
+def _shown(col: Column, rows: list[Row], wide: bool) -> bool:
+    values = [_value(r, col.key) for r in rows]
+    if col.when == "numbers":
+        return any(is_number(v) for v in values)
+    if col.when == "text":
+        return any(values)
+    if col.when == "differs":  # the console names a shared model and data set in the title
+        return wide or len(set(values)) > 1
+    if col.when == "repeats":
+        return any(r.n > 1 for r in rows)
+    return True
+
+
+def columns(report: Report, wide: bool = True, rows: list[Row] | None = None) -> list[Column]:
+    """The columns worth showing for ``rows`` (default: the report's summary): in the console
+    table (``wide=False``) only those a decision needs; with ``wide``, every measured one and
+    each ``amp/grad_*`` metric some run logged."""
+    rows = report.summary if rows is None else rows
+    cols = [
+        c
+        for c in COLUMNS
+        if (c.console if not wide else c.key != "scaler_skips") and _shown(c, rows, wide)
+    ]
+    if wide:
+        extras = sorted({k for r in rows for k in r.extra})
+        cols += [Column(f"extra:{k}", k.split("/", 1)[-1], ".3g") for k in extras]
+    return cols
 
 
 def _baseline_cell(r: Row) -> str:
@@ -64,42 +141,72 @@ def _baseline_cell(r: Row) -> str:
     return r.baseline or r.note or ""
 
 
-# At the console only the headline diagnostics fit; the files carry every column.
-CONSOLE_EXTRAS = ("amp/grad_underflow_frac", "amp/grad_flushed_frac")
+def table_cells(
+    report: Report, wide: bool = True, rows: list[Row] | None = None, width: int | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells for ``rows`` (default: the summary: a row per configuration and
+    mode). ``width``: leave out droppable columns until the table fits that many characters."""
+    rows = report.summary if rows is None else rows
+    cols = columns(report, wide, rows)
+    while True:
+        headers = [c.header for c in cols] + (["baseline"] if wide else [])
+        body = []
+        for r in rows:
+            cells = [_cell(_value(r, c.key), c.fmt, r.ci.get(c.key)) for c in cols]
+            body.append(cells + ([_baseline_cell(r)] if wide else []))
+        droppable = [c for c in cols if c.drop]
+        if width is None or _width(headers, body) <= width or not droppable:
+            return headers, body
+        cols.remove(max(droppable, key=lambda c: c.drop))
 
 
-def table_cells(report: Report, compact: bool = False) -> tuple[list[str], list[list[str]]]:
-    cols = columns(report)
-    if compact:
-        cols = [c for c in cols if not c[0].startswith("extra:") or c[0][6:] in CONSOLE_EXTRAS]
-    headers = [h for _, h, _ in cols] + ["baseline"]
-    body = [[_cell(_value(r, k), f) for k, _, f in cols] + [_baseline_cell(r)] for r in report.rows]
-    return headers, body
+def _width(headers: list[str], body: list[list[str]]) -> int:
+    """Characters a table takes at the console in rich's SIMPLE_HEAD box without edge
+    padding: its columns, three between each two (padding, separator, padding), an edge either
+    side."""
+    widths = [max(len(row[i]) for row in [headers, *body]) for i in range(len(headers))]
+    return sum(widths) + 3 * (len(widths) - 1) + 2
 
 
-def _title(report: Report) -> str:
+def title(report: Report) -> str:
+    rows = report.rows
+    what = ""
+    models, data = {r.model for r in rows}, {r.dataset for r in rows}
+    if len(models) == 1 and len(data) == 1:
+        what = f" of {next(iter(models))} on {next(iter(data))}"
+    seeds = {r.n for r in report.summary if r.status == "FINISHED"}
+    repeats = ""
+    if report.repeated:
+        each = f"{seeds.pop()} seeds" if len(seeds) == 1 else "several seeds"
+        repeats = f", {each} each (mean ± half its 95% interval)"
     return (
         f"Sweep {report.sweep.get('name', '')} ({report.sweep.get('run_id', '')}): "
-        f"{len(report.rows)} runs vs {report.baseline_mode}"
+        f"{len(rows)} runs{what} vs {report.baseline_mode}{repeats}"
     )
 
 
+def _markdown_table(headers: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body]
+
+
 def to_markdown(report: Report) -> str:
-    headers, body = table_cells(report)
-    lines = [f"# {_title(report)}", ""]
+    lines = [f"# {title(report)}", ""]
     if report.sweep.get("command"):
         lines += [f"Command: `{report.sweep['command']}`", ""]
-    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body]
+    lines += _markdown_table(*table_cells(report))
+    if report.repeated:
+        lines += ["", "## Every run", ""]
+        lines += _markdown_table(*table_cells(report, rows=report.rows))
     lines += ["", "## Findings", ""] + [f"- {f}" for f in report.findings]
     return "\n".join(lines) + "\n"
 
 
 def to_csv(report: Report) -> str:
-    """Every field of every row, unformatted (speed-up 1.5, not 1.50x)."""
+    """Every field of every run's row, unformatted (speed-up 1.5, not 1.50x)."""
     buf = io.StringIO()
     extras = sorted({k for r in report.rows for k in r.extra})
-    fields = [k for k in Row.__dataclass_fields__ if k != "extra"]
+    fields = [k for k in Row.__dataclass_fields__ if k not in ("extra", "ci", "members", "n")]
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(fields + extras)
     for r in report.rows:
@@ -116,37 +223,53 @@ def to_json(report: Report) -> str:
         "device": report.device,
         "baseline_mode": report.baseline_mode,
         "rows": [asdict(r) for r in report.rows],
+        "summary": [asdict(r) for r in report.summary],  # repeats summarised, with intervals
         "findings": report.findings,
         "headline": report.headline_metrics(),
     }
     return json.dumps(obj, indent=2, default=str)
 
 
-def print_table(report: Report) -> None:
-    """The report at the console: a table, then the findings."""
-    import sys
-
+def print_table(report: Report, console, wide: bool = False) -> None:
+    """The report on a rich ``console``: a table, then the findings (word-wrapped at a
+    terminal; one line each in a log file)."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    # Piped output (CI logs, demo transcripts) gets a wide table instead of 80-column wrapping.
-    con = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    headers, body = table_cells(report, compact=True)
-    table = Table(title=_title(report), title_justify="left", box=box.SIMPLE_HEAD)
+    headers, body = table_cells(report, wide, width=None if wide else CONSOLE_WIDTH)
+    console.print(title(report))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    text_columns = sum(1 for c in columns(report, wide) if c.fmt == "s")
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i < 4 or i == len(headers) - 1 else "right")
+        right = text_columns <= i < len(headers) - (1 if wide else 0)
+        table.add_column(h, justify="right" if right else "left", no_wrap=True)
     for row in body:
         table.add_row(*row)
-    con.print(table)
-    con.print("[bold]Findings[/]")
+    needed = _width(headers, body)
+    if wide and needed > console.width:
+        # As wide as its columns need: rich would squeeze the table into the console's width,
+        # cutting every cell short, and a console never renders wider than itself.
+        from rich.console import Console
+
+        Console(file=console.file, width=needed, highlight=False, soft_wrap=True).print(table)
+    else:  # the console table was fitted to 100 columns
+        console.print(table, width=min(console.width, CONSOLE_WIDTH), crop=False)
+    console.print("[bold]Findings[/]")
+    if console.soft_wrap:  # not a terminal: one line per finding
+        for f in report.findings:
+            console.print(f"  - {f}")
+        return
+    findings = Table.grid(padding=(0, 1))  # a terminal: wrapped under their own first word
+    findings.add_column(no_wrap=True)
+    findings.add_column()
     for f in report.findings:
-        con.print(f"  - {f}", soft_wrap=True)
+        findings.add_row("  -", f)
+    console.print(findings)
 
 
-def render(report: Report, fmt: str) -> str | None:
-    """The report as text in ``fmt`` (``table`` prints directly and returns None)."""
+def render(report: Report, fmt: str, console=None, wide: bool = False) -> str | None:
+    """The report as text in ``fmt`` (``table`` prints on ``console`` and returns None)."""
     if fmt == "table":
-        print_table(report)
+        print_table(report, console, wide)
         return None
     return {"markdown": to_markdown, "csv": to_csv, "json": to_json}[fmt](report)

@@ -3,7 +3,12 @@ to its parent run (report.md/.csv/.json, the charts, the headline numbers as met
 
 from __future__ import annotations
 
+import re
+
+from ampsweep.measure import capacity
+from ampsweep.precision.modes import BASELINE
 from ampsweep.report.findings import findings
+from ampsweep.report.groups import summarise
 from ampsweep.report.model import Report, RunData
 from ampsweep.report.render import to_csv, to_json, to_markdown
 from ampsweep.report.rows import compute_rows
@@ -18,11 +23,12 @@ class ReportError(Exception):
 
 
 def find_sweep(client, sweep: str = "latest", experiment: str | None = None):
-    """The parent run of a sweep: ``latest`` (newest sweep, in ``experiment`` or in any
-    experiment), or a run id."""
+    """The parent run of a sweep and the newer sweeps passed over: ``latest`` is the newest
+    sweep (in ``experiment``, or in any experiment) that has runs to report: a sweep whose
+    jobs all failed before recording, or an interrupted launch, has none. Else a run id."""
     if sweep != "latest":
         try:
-            return client.get_run(sweep)
+            return client.get_run(sweep), []
         except Exception:
             raise ReportError(
                 f"--sweep {sweep}: no such run in this store: pass a sweep's parent run id "
@@ -35,42 +41,34 @@ def find_sweep(client, sweep: str = "latest", experiment: str | None = None):
         ids = [exp.experiment_id]
     else:
         ids = [e.experiment_id for e in client.search_experiments()]
-    runs = store.sweeps(client, ids, limit=1)
-    if not runs:
-        where = f"experiment {experiment}" if experiment else "this store"
-        raise ReportError(
-            f"no sweep in {where}: run one first, e.g. ampsweep train -m experiment=precision_sweep"
-        )
-    return runs[0]
+    passed_over = []
+    for parent in store.sweeps(client, ids, limit=100):
+        if store.skipped_jobs(parent) or store.children(client, parent):
+            return parent, passed_over
+        passed_over.append(parent)
+    where = f"experiment {experiment}" if experiment else "this store"
+    raise ReportError(
+        f"no sweep with runs in {where}: run one first, e.g. ampsweep train -m "
+        "experiment=precision_sweep"
+    )
 
 
 def load_sweep(client, parent) -> tuple[dict[str, str], list[RunData]]:
-    runs = store.children(client, parent)
+    """The sweep's runs: its children, and the earlier FINISHED runs that stood in for the
+    jobs a relaunch skipped (so the report of a relaunch is the whole sweep's)."""
+    runs = [(r, None) for r in store.children(client, parent)]
+    for job, run_id in store.skipped_jobs(parent).items():
+        run = store.find_run(client, run_id)
+        if run is not None:
+            runs.append((run, job))
     if not runs:
         raise ReportError(
             f"--sweep {parent.info.run_id}: run {parent.info.run_name} has no child runs: "
             "it is not a sweep's parent run"
         )
-    data = []
-    for r in runs:
-        history = {
-            key: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
-            for key in HISTORY_KEYS
-            if key in r.data.metrics
-        }
-        data.append(
-            RunData(
-                run_id=r.info.run_id,
-                name=r.info.run_name,
-                status=r.info.status,
-                params=dict(r.data.params),
-                tags=dict(r.data.tags),
-                metrics=dict(r.data.metrics),
-                history=history,
-            )
-        )
+    data = [_run_data(client, r, job) for r, job in runs]
     # Jobs are numbered by Hydra; order rows that way (start times tie in parallel launchers).
-    data.sort(key=lambda d: int(d.tags.get(store.JOB_NUM, "0") or 0))
+    data.sort(key=lambda d: int(d.stands_in_for_job or d.tags.get(store.JOB_NUM, "0") or 0))
     t = parent.data.tags
     sweep = {
         "run_id": parent.info.run_id,
@@ -82,18 +80,57 @@ def load_sweep(client, parent) -> tuple[dict[str, str], list[RunData]]:
     return sweep, data
 
 
-def make_report(sweep: dict, runs: list[RunData], baseline_mode: str = "fp32") -> Report:
-    rows = compute_rows(runs, baseline_mode)
+def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
+        for key in HISTORY_KEYS
+        if key in r.data.metrics
+    }
+    return RunData(
+        run_id=r.info.run_id,
+        name=r.info.run_name,
+        status=r.info.status,
+        params=dict(r.data.params),
+        tags=dict(r.data.tags),
+        metrics=dict(r.data.metrics),
+        history=history,
+        stands_in_for_job=stands_in_for_job,
+    )
+
+
+def make_report(
+    sweep: dict, runs: list[RunData], baseline_mode: str = BASELINE, budget: int | None = None
+) -> Report:
+    """The report of a sweep's runs; ``budget``: bytes for the max batch column (default: what
+    each CUDA run predicted for its GPU's memory; nothing on a CPU)."""
+    rows = compute_rows(runs, baseline_mode, budget)
+    summary = summarise(rows, runs)
     finished = [r for r in runs if r.status == store.FINISHED and r.tags.get(store.DEVICE)]
     source = (finished or [r for r in runs if r.tags.get(store.DEVICE)] or runs)[0].tags
     device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
-    return Report(sweep, device, baseline_mode, rows, findings(rows, device, baseline_mode), runs)
+    words = budget_words(runs, budget)
+    found = findings(summary, device, baseline_mode, words)
+    return Report(sweep, device, baseline_mode, rows, found, runs, summary, words)
 
 
-def build_report(client, parent_run_id: str, baseline_mode: str = "fp32") -> Report:
-    parent = find_sweep(client, parent_run_id)
+def budget_words(runs: list[RunData], budget: int | None) -> str:
+    """The memory budget of the max batch column as the findings name it: ``on an 80 GiB
+    GPU`` (``--memory-budget``), ``on this 140 GiB GPU`` (what a CUDA run measured), or
+    nothing (a CPU run, no budget given)."""
+    if budget is not None:
+        size = capacity.format_size(budget)
+        article = "an" if re.match(r"(8|11(\D|$)|18(\D|$))", size) else "a"
+        return f"on {article} {size} GPU"
+    gib = [r.metrics[capacity.BUDGET_GIB] for r in runs if capacity.BUDGET_GIB in r.metrics]
+    return f"on this {capacity.format_size(max(gib) * capacity.GIB)} GPU" if gib else ""
+
+
+def build_report(
+    client, parent_run_id: str, baseline_mode: str = BASELINE, budget: int | None = None
+) -> Report:
+    parent, _ = find_sweep(client, parent_run_id)
     sweep, runs = load_sweep(client, parent)
-    return make_report(sweep, runs, baseline_mode)
+    return make_report(sweep, runs, baseline_mode, budget)
 
 
 def publish(client, report: Report) -> None:

@@ -5,17 +5,30 @@ Everything goes through an explicit ``MlflowClient`` and run id, never MLflow's 
 not leak into the next. Metrics are buffered and written in batches, asynchronously, every
 ``tracking.metrics_flush_seconds`` (or ``metrics_flush_every`` log calls): a synchronous write
 into SQLite costs ~10 ms, and even an asynchronous one takes CPU from training.
+
+Besides numbers, a run records what MLflow users look for first: the data sets it saw
+(``log_inputs``), the machine's load while it trained (``start_system_metrics``: MLflow's
+``system/`` metrics, shown in the UI's System metrics tab), and the trained model
+(``log_model``: an MLflow model that ``mlflow.pytorch.load_model("runs:/<id>/model")`` loads).
+A ``RunCloser`` logs the model and ends a run, on a background thread where the next job can
+train meanwhile (the jobs of an in-process sweep).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import json
+import logging
+import os
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ampsweep.config.schema import TrackingConfig
 from ampsweep.tracking import store
@@ -33,22 +46,64 @@ class NullRecorder:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def log_text(self, text: str, name: str) -> None: ...
+    def log_inputs(self, inputs: Iterable[DataInput]) -> None: ...
+    def start_system_metrics(self, interval: float) -> None: ...
+    def stop_system_metrics(self) -> None: ...
     def flush(self) -> None: ...
     def end(self, status: str, error: str | None = None) -> None: ...
+
+
+class DataInput(Protocol):
+    """One data set a run saw, as ``engine.fingerprint.DataInput`` describes it."""
+
+    name: str
+    digest: str
+    split: str  # train | val
+    source_type: str  # local | code
+    source: dict
+    rows: int
+    features: tuple[str, tuple[int, ...]]  # dtype, shape of one input
+    targets: tuple[str, tuple[int, ...]]
+
+
+class ModelSnapshot(Protocol):
+    """The trained model as ``engine.export.ModelSnapshot`` hands it over."""
+
+    module: Any  # a torch.nn.Module (torch is imported by mlflow.pytorch, not here)
+    example: Any  # numpy array: one batch of inputs
+
+    def predict(self, x) -> Any: ...
+
+    @property
+    def packages(self) -> set[str]: ...
 
 
 class MlflowRecorder:
     """One MLflow run: buffered async metrics, params, tags, artifacts, and its end."""
 
     def __init__(
-        self, client, run_id: str, uri: str, flush_every: int = 0, flush_seconds: float = 10.0
+        self,
+        client,
+        run_id: str,
+        uri: str,
+        flush_every: int = 0,
+        flush_seconds: float = 10.0,
+        experiment_id: str | None = None,
     ):
         self.client, self.run_id, self.uri = client, run_id, uri
+        self.experiment_id = experiment_id or client.get_run(run_id).info.experiment_id
         self.flush_every, self.flush_seconds = flush_every, flush_seconds
         self._last_write = time.monotonic()
         self._buffer: list = []
         self._calls = 0
         self._pending: list = []
+        # The training thread and the system-metrics sampler both log metrics.
+        self._lock = threading.Lock()
+        self._latest: dict[str, Any] = {}  # key -> the newest Metric logged (linked to a model)
+        self._params: dict[str, str] = {}  # what log_params recorded (the logged model's too)
+        self._system: SystemMetrics | None = None
+        self._system_step = 0  # a resumed run continues its system metrics' steps
+        self._inputs: dict[str, tuple[str, str]] = {}  # split -> data set (name, digest)
         # Our own single background writer rather than MLflow's async logging: ending a run
         # that used MLflow's queue joins a worker that polls once a second (~1 s per run).
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ampsweep-metrics")
@@ -71,7 +126,14 @@ class MlflowRecorder:
         if parent_run_id:
             all_tags[store.PARENT] = parent_run_id
         run = client.create_run(exp_id, run_name=mask_text(run_name), tags=all_tags)
-        return cls(client, run.info.run_id, uri, cfg.metrics_flush_every, cfg.metrics_flush_seconds)
+        return cls(
+            client,
+            run.info.run_id,
+            uri,
+            cfg.metrics_flush_every,
+            cfg.metrics_flush_seconds,
+            experiment_id=exp_id,
+        )
 
     @classmethod
     def attach(
@@ -89,18 +151,23 @@ class MlflowRecorder:
         no step appears twice in a metric's history."""
         client = store.client_for(uri)
         client.update_run(run_id, status=store.RUNNING)
-        rec = cls(client, run_id, uri, flush_every, flush_seconds)
+        run = client.get_run(run_id)
+        rec = cls(client, run_id, uri, flush_every, flush_seconds, run.info.experiment_id)
+        rec._params = dict(run.data.params)  # the logged model carries the run's params
         if after_step is not None:
-            for key in client.get_run(run_id).data.metrics:
+            for key in run.data.metrics:
                 for m in client.get_metric_history(run_id, key):
                     if m.step > after_step:
                         rec._logged.add((key, m.step))
+                    if key.startswith(store.SYSTEM_PREFIX):
+                        rec._system_step = max(rec._system_step, m.step + 1)
         return rec
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
         items = [Param(k, v[:6000]) for k, v in mask_values(params).items()]
+        self._params.update((p.key, p.value) for p in items)
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
@@ -115,34 +182,36 @@ class MlflowRecorder:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._buffer.extend(
+        batch = [
             Metric(k, float(v), now, step)
             for k, v in metrics.items()
             if (k, step) not in self._logged
-        )
-        self._calls += 1
-        # Few, large writes: each costs a transaction on a background thread, and on a small
-        # machine that thread competes with training for the same cores.
-        due = self.flush_every > 0 and self._calls % self.flush_every == 0
-        if due or time.monotonic() - self._last_write >= self.flush_seconds:
-            self._write(synchronous=False)
+        ]
+        with self._lock:
+            self._buffer.extend(batch)
+            self._latest.update((m.key, m) for m in batch)
+            self._calls += 1
+            # Few, large writes: each costs a transaction on a background thread, and on a
+            # small machine that thread competes with training for the same cores.
+            due = self.flush_every > 0 and self._calls % self.flush_every == 0
+            if due or time.monotonic() - self._last_write >= self.flush_seconds:
+                self._write()
 
-    def _write(self, synchronous: bool) -> None:
+    def _write(self) -> None:
+        """Hand what is buffered to the writer thread (the caller holds the lock)."""
         self._last_write = time.monotonic()
         while self._buffer:
             chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
-            if synchronous:
-                self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
-            else:
-                write = partial(self.client.log_batch, self.run_id, metrics=chunk, synchronous=True)
-                self._pending.append(self._writer.submit(write))
+            write = partial(self.client.log_batch, self.run_id, metrics=chunk, synchronous=True)
+            self._pending.append(self._writer.submit(write))
 
     def flush(self) -> None:
         """Write what is buffered and wait for every asynchronous write to land."""
-        self._write(synchronous=False)
-        pending, self._pending = self._pending, []
+        with self._lock:
+            self._write()
+            pending, self._pending = self._pending, []
         for op in pending:
-            op.result()  # re-raises a failed write here, in the training thread
+            op.result()  # re-raises a failed write here, in the calling thread
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file or a folder, with every secret in its text masked first."""
@@ -165,12 +234,157 @@ class MlflowRecorder:
     def log_json(self, obj: Any, name: str) -> None:
         self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), name)
 
+    # ------------------------------------------------------------ data sets
+
+    def log_inputs(self, inputs: Iterable[DataInput]) -> None:
+        """Record the data sets the run saw (``mlflow.log_input``'s records, by run id): the
+        UI's Datasets column and the run page list them with their digests and contexts.
+        Only metadata is recorded, never the data."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        records = []
+        for d in inputs:
+            schema = {"mlflow_tensorspec": {
+                "features": json.dumps([_tensor_spec("x", *d.features)]),
+                "targets": json.dumps([_tensor_spec("y", *d.targets)]),
+            }}  # fmt: skip
+            profile = {"num_rows": d.rows, "features_shape": [d.rows, *d.features[1]],
+                       "targets_shape": [d.rows, *d.targets[1]]}  # fmt: skip
+            dataset = Dataset(
+                name=d.name,
+                digest=d.digest,
+                source_type=d.source_type,
+                source=json.dumps(d.source),
+                schema=json.dumps(schema),
+                profile=json.dumps(profile),
+            )
+            context = CONTEXTS[d.split]
+            records.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+            self._inputs[d.split] = (d.name, d.digest)
+        if records:
+            self.client.log_inputs(self.run_id, datasets=records)
+
+    # ------------------------------------------------------------ system metrics
+
+    def start_system_metrics(self, interval: float) -> None:
+        """Sample the machine's load every ``interval`` seconds until the run stops training."""
+        if self._system is None:
+            self._system = SystemMetrics(self.log_metrics, interval, self._system_step)
+            self._system.start()
+
+    def stop_system_metrics(self) -> None:
+        """Take a last sample and stop sampling (so even a short run has one point)."""
+        if self._system is not None:
+            self._system.stop()
+            self._system_step, self._system = self._system.step, None
+
+    # ------------------------------------------------------------ the model
+
+    def log_model(
+        self,
+        snapshot: ModelSnapshot,
+        step: int,
+        name: str = store.MODEL_NAME,
+        tags: dict[str, str] | None = None,
+    ) -> str:
+        """Log the trained model as an MLflow model of this run; its id (``m-...``).
+
+        What ``mlflow.pytorch.log_model`` does, through this run's client and id rather than
+        MLflow's global tracking URI, experiment and active run (the jobs of a sweep share a
+        process, and this runs on a background thread): a LoggedModel is created in the run's
+        experiment, ``mlflow.pytorch.save_model`` writes it (pickle format, the one every
+        precision mode loads back; the signature and input example of one batch; the pip
+        requirements pinned from what is installed, never inferred: inference costs seconds),
+        and its files are uploaded. The run's metrics of ``step`` are linked to the model."""
+        import mlflow.pytorch
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+        from mlflow.models import Model, infer_signature
+
+        try:
+            output = snapshot.predict(snapshot.example)
+        except Exception:  # e.g. a float8 model trained on a GPU does not run on the CPU
+            output = None  # the signature then records the inputs only
+        signature = infer_signature(snapshot.example, output)
+        model = self.client.create_logged_model(
+            self.experiment_id,
+            name=name,
+            source_run_id=self.run_id,
+            params=self._params or None,
+            tags=mask_values(tags or {}) or None,
+        )
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, name)
+                info = Model(
+                    artifact_path=model.artifact_location,
+                    model_uuid=model.model_id,
+                    run_id=self.run_id,
+                    model_id=model.model_id,
+                )
+                with _pickled_by_value(pickled_by_value(snapshot.packages)), _no_env_scan():
+                    mlflow.pytorch.save_model(
+                        snapshot.module,
+                        path,
+                        mlflow_model=info,
+                        signature=signature,
+                        input_example=snapshot.example,
+                        serialization_format="pickle",
+                        pip_requirements=pinned_requirements(snapshot.packages),
+                    )
+                self.client.log_model_artifacts(model.model_id, path)
+            self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
+            self._link_metrics(model.model_id, step)
+        except BaseException:
+            self.client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+            raise
+        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        return model.model_id
+
+    def _link_metrics(self, model_id: str, step: int) -> None:
+        """The metrics logged at ``step`` (the run's final numbers) linked to the model: the
+        same points again with its id, which MLflow adds to the model's metrics and does not
+        store twice in the run's history."""
+        from mlflow.entities import Metric
+
+        self.flush()
+        with self._lock:
+            final = [m for m in self._latest.values() if m.step == step]
+        linked = []
+        for m in final:
+            if m.key.startswith(store.SYSTEM_PREFIX):
+                continue
+            # val/acc is measured on the validation set: the model's page says so
+            name, digest = self._inputs.get(m.key.split("/")[0], (None, None))
+            linked.append(Metric(m.key, m.value, m.timestamp, m.step, model_id, name, digest))
+        for i in range(0, len(linked), 1000):
+            self.client.log_batch(self.run_id, metrics=linked[i : i + 1000], synchronous=True)
+
+    def register_model(self, model_id: str, name: str) -> int:
+        """A new version of the registered model ``name`` (created if new); its number."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as err:
+            if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                raise
+        # The model's own location rather than models:/<id>: MLflow's registry resolves that
+        # through the global tracking URI, not this client's store.
+        location = self.client.get_logged_model(model_id).artifact_location
+        version = self.client.create_model_version(
+            name, source=location, run_id=self.run_id, model_id=model_id
+        )
+        return int(version.version)
+
     def end(self, status: str, error: str | None = None) -> None:
         """Flush, tag the error if any, and set the final status. Safe to call twice."""
         if self.ended:
             return
         self.ended = True
         try:
+            self.stop_system_metrics()
             self.flush()
         except Exception as err:  # metrics were lost: the run cannot count as FINISHED
             status = store.FAILED
@@ -183,3 +397,196 @@ class MlflowRecorder:
                     self.set_tags({store.ERROR: error})
             finally:  # whatever the store said to the tag, the run is ended
                 self.client.set_terminated(self.run_id, status=status)
+
+
+# ---------------------------------------------------------------- the model's files
+
+CONTEXTS = {"train": store.TRAINING, "val": store.VALIDATION}  # a split's MLflow context
+
+# Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
+BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pickled_by_value(packages: Iterable[str]) -> set[str]:
+    """Packages whose classes are pickled with the model, by value: ampsweep's own (not on
+    PyPI) and any that is not an installed distribution (a user's local module), so the model
+    loads where neither is importable. Classes of installed packages are pickled by reference
+    and the packages pinned as requirements."""
+    own = {p for p in packages if p == "ampsweep" or _installed(p) is None}
+    return own - {"__main__", "builtins"}  # cloudpickle pickles __main__'s by value already
+
+
+def pinned_requirements(packages: Iterable[str]) -> list[str]:
+    """``name==version`` of what loading the model needs: torch, cloudpickle, numpy and the
+    installed packages its classes come from (torchvision, timm, transformers, torchao...).
+    Versions are read from the installed distributions (local labels such as ``+cu128``
+    dropped, so pip finds them), which is instant; MLflow's inference would load the model in
+    a subprocess."""
+    by_value = pickled_by_value(packages)
+    out = []
+    for name in dict.fromkeys([*BASE_REQUIREMENTS, *sorted(packages)]):
+        version = None if name in by_value else _installed(name)
+        if version is not None:
+            out.append(f"{name}=={version.split('+')[0]}")
+    return out
+
+
+@contextlib.contextmanager
+def _no_env_scan():
+    """Skip MLflow's check of the pinned requirements against the environment while a model
+    is saved: it first maps every module of every installed distribution to its package (a
+    walk over tens of thousands of files: about 0.3 s of CPU, once per process) and can only
+    pass here, since the pins were read from this environment. MLflow skips the walk when its
+    map exists; an empty one lasts for the save alone (``None`` again after), so whatever else
+    in the process later infers requirements still gets the real map. If MLflow renames the
+    map, nothing is skipped: a save merely takes longer."""
+    from mlflow.utils import requirements_utils as reqs
+
+    if getattr(reqs, "_MODULES_TO_PACKAGES", ...) is not None:
+        yield  # computed already (cheap from now on), or not MLflow's layout any more
+        return
+    reqs._MODULES_TO_PACKAGES = {}
+    try:
+        yield
+    finally:
+        reqs._MODULES_TO_PACKAGES, reqs._PACKAGES_TO_MODULES = None, None
+
+
+@contextlib.contextmanager
+def _pickled_by_value(packages: set[str]):
+    import sys
+
+    import cloudpickle
+
+    modules = [sys.modules[p] for p in sorted(packages) if p in sys.modules]
+    for m in modules:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
+def _tensor_spec(name: str, dtype: str, shape: tuple[int, ...]) -> dict:
+    return {"name": name, "type": "tensor", "tensor-spec": {"dtype": dtype, "shape": [-1, *shape]}}
+
+
+class _PickleNotice(logging.Filter):
+    """mlflow.pytorch warns on every pickle-format save; ampsweep chose the format on
+    purpose (the README says why), so the warning is noise on every run's console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Saving pytorch model by Pickle")
+
+
+logging.getLogger("mlflow.pytorch").addFilter(_PickleNotice())
+
+
+# ---------------------------------------------------------------- system metrics
+
+
+class SystemMetrics:
+    """The machine's load, sampled on a background thread with MLflow's own collectors (CPU
+    and memory; disk and network; every GPU NVML sees, when ``nvidia-ml-py`` is installed and
+    a driver answers) and logged as MLflow's ``system/...`` metrics, one step per sample.
+
+    Unlike ``mlflow.start_run(log_system_metrics=True)`` it logs through the run's own
+    buffered writer (no extra client polling the run), and takes a last sample when stopped,
+    so a run shorter than the interval still has its point."""
+
+    def __init__(self, log: Callable[[dict[str, float], int], None], interval: float, step=0):
+        self.log, self.interval, self.step = log, interval, step
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._monitors: list = []
+        self._ready = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ampsweep-system", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+
+    def _run(self) -> None:
+        self._monitors = _collectors()  # NVML's start-up, off the training thread
+        while not self._stop.wait(self.interval):
+            self._sample()
+        self._sample()
+
+    def _sample(self) -> None:
+        values: dict[str, float] = {}
+        for monitor in self._monitors:
+            try:
+                monitor.collect_metrics()
+                values.update(monitor.aggregate_metrics())
+            except Exception:  # noqa: S112 - one failed reading must not end sampling
+                continue
+            finally:
+                monitor.clear_metrics()
+        if values:
+            self.log({store.SYSTEM_PREFIX + k: v for k, v in values.items()}, self.step)
+            self.step += 1
+
+
+def _collectors() -> list:
+    """MLflow's collectors available here; the GPU's only where NVML starts."""
+    import psutil
+    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+
+    psutil.cpu_percent()  # the first reading only starts the count
+    monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
+    try:
+        from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+
+        monitors.append(GPUMonitor())  # raises without nvidia-ml-py or without a GPU
+    except Exception:
+        pass
+    return monitors
+
+
+# ---------------------------------------------------------------- ending runs
+
+
+class RunCloser:
+    """Finishes runs (log the model, link its metrics, register it, end the run) after their
+    training, in order, either at once or, with ``background``, on one background thread: in
+    an in-process sweep the next job then trains while the last one's model is written. A run
+    is FINISHED only once all of it is recorded; ``wait`` returns when every run handed over
+    has ended. Pickled (a launcher running jobs in other processes), it finishes at once."""
+
+    def __init__(self, background: bool = False):
+        self.background = background
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+
+    def submit(self, finish: Callable[[], None]) -> None:
+        if not self.background:
+            finish()
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ampsweep-close")
+        self._pending.append(self._executor.submit(finish))
+
+    def wait(self) -> None:
+        """Until every run handed over has ended (each ``finish`` reports its own errors)."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def __getstate__(self) -> dict:
+        return {"background": False, "_executor": None, "_pending": []}

@@ -30,11 +30,26 @@ ERROR = "error"  # why a run failed, in one line
 PREVIOUS_ERROR = "previous_error"  # why a resumed run had stopped before
 DIVERGED = "diverged"
 JOB_NUM = "job_num"  # Hydra's job number in a sweep
+CLUSTER_JOB = "slurm_job_id"  # the SLURM job that trains the run (``12_3``: array task 3)
 OVERRIDES = "overrides"
 REPRODUCES = "reproduces"  # the run a reproduction repeats
 ENDED_BY = "ended_by"  # who ended a run whose own process could not
+HOST, PID = "host", "pid"  # the process that trains a run (judged when it is gone)
 GIT_COMMIT, GIT_DIRTY = "git_commit", "git_dirty"
 AMPSWEEP_VERSION = "ampsweep_version"
+# A component named by ``_target_``: <section>.target = its dotted path, and where its code
+# came from (<section>.target.version, .git_commit, .git_dirty, .sha256 of its module file),
+# so ``reproduce`` can tell whether the code it imports now is the code that ran.
+TARGET_FIELDS = ("version", "git_commit", "git_dirty", "sha256")
+DATA_PREFIX = "data."  # facts about the data a run read (data.text_sha256, data.num_classes, ..)
+
+
+def target_tag(section: str, field: str | None = None) -> str:
+    """The tag holding a ``_target_`` component's path (``field`` None) or a fact about its
+    code (one of TARGET_FIELDS)."""
+    return f"{section}.target" + (f".{field}" if field else "")
+
+
 # Where a run happened (app.environment writes them; the report reads them back)
 DEVICE, DEVICE_NAME, TORCH_VERSION, CUDA_VERSION = (
     "device", "device_name", "torch_version", "cuda_version",
@@ -46,6 +61,17 @@ DEVICE_TAGS = (
     DEVICE, DEVICE_NAME, COMPUTE_CAPABILITY, CPU_THREADS, CPU_HALF_ISA, TORCH_VERSION,
     CUDA_VERSION,
 )  # fmt: skip
+
+# fp8 modes: which nn.Linear layers were converted (names, comma-separated), which were kept
+# (every layer and why: the fp8_layers.json artifact), whether it was torchao's emulation.
+FP8_CONVERTED, FP8_KEPT, FP8_EMULATED = "fp8.converted", "fp8.kept", "fp8.emulated"
+FP8_LAYERS_ARTIFACT = "fp8_layers.json"
+CAPACITY = "ampsweep.capacity"  # "true" on a run of ``ampsweep capacity`` (a batch search)
+
+# What a run logs besides tags
+MODEL_NAME = "model"  # the logged model's name: runs:/<run id>/model
+SYSTEM_PREFIX = "system/"  # MLflow's system metrics (the UI's System metrics tab shows them)
+TRAINING, VALIDATION = "training", "validation"  # a data set's context (MLflow's values)
 
 # Tags of a sweep's parent run
 SWEEP = "ampsweep.sweep"  # "true" on a sweep's parent run
@@ -203,6 +229,18 @@ def children(client, parent) -> list:
     )
 
 
+def run_of_cluster_job(client, parent, job_id: str):
+    """The child run of a sweep that SLURM job ``job_id`` trains (or trained), or None."""
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT}` = '{parent.info.run_id}' and "
+        f"tags.`{CLUSTER_JOB}` = '{job_id}'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    return runs[0] if runs else None
+
+
 def sweeps(client, experiment_ids: list[str], status: str | None = None, limit: int = 1000):
     """Sweep parent runs, newest first (only those with ``status``, if given)."""
     if not experiment_ids:
@@ -218,22 +256,31 @@ def sweeps(client, experiment_ids: list[str], status: str | None = None, limit: 
     )
 
 
-def running_children(client, experiment_id: str, parent_ids: list[str]) -> list:
-    """The RUNNING child runs of these parents."""
-    out = []
-    for parent_id in parent_ids:
-        out += client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.`{PARENT}` = '{parent_id}' and attributes.status = '{RUNNING}'",
-            max_results=10000,
-        )
-    return out
+def running_children(client, parent) -> list:
+    """A parent run's children that are still RUNNING."""
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT}` = '{parent.info.run_id}' and "
+        f"attributes.status = '{RUNNING}'",
+        max_results=10000,
+    )
 
 
 def skipped_jobs(parent) -> dict[str, str]:
     """Job number -> the FINISHED run that stood in for it, from a relaunch's parent run."""
     tags = parent.data.tags
     return {k[len(SKIPPED_PREFIX) :]: v for k, v in tags.items() if k.startswith(SKIPPED_PREFIX)}
+
+
+def fp8_tags(converted: list[str], kept: list[str], emulated: bool) -> dict[str, str]:
+    """The tags of a run whose fp8 mode converted ``converted`` (none for other modes)."""
+    if not converted:
+        return {}
+    return {
+        FP8_CONVERTED: ",".join(converted)[:MAX_TAG_CHARS],
+        FP8_KEPT: ",".join(kept)[:MAX_TAG_CHARS],
+        FP8_EMULATED: str(emulated).lower(),
+    }
 
 
 def one_line(err: BaseException) -> str:

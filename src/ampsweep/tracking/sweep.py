@@ -93,22 +93,34 @@ def begin(
 
 
 def end_orphaned_sweeps(client, experiment_id: str) -> list[str]:
-    """End the RUNNING sweep parents whose launching process is gone (SIGKILL, a lost node):
-    nothing else will ever end them. Only parents launched on this host are judged, by their
-    recorded pid; their interrupted children stay as they are, for a relaunch to resume."""
-    host = socket.gethostname()
+    """End the RUNNING sweep parents whose launching process is gone (SIGKILL, a lost node),
+    and their RUNNING children whose training process is gone too: nothing else will ever end
+    them. Only runs of this host are judged, by their recorded pid; a child still training
+    (a cluster job that outlived its launcher) is left alone. A relaunch resumes an ended
+    child from its checkpoint (the run becomes RUNNING again)."""
     ended = []
-    for run in store.sweeps(client, [experiment_id], status=store.RUNNING):
-        tags = run.data.tags
-        pid = tags.get(store.LAUNCHER_PID, "")
-        if tags.get(store.LAUNCHER_HOST) != host or not pid.isdigit() or _alive(int(pid)):
+    for parent in store.sweeps(client, [experiment_id], status=store.RUNNING):
+        if not _gone(parent.data.tags, store.LAUNCHER_HOST, store.LAUNCHER_PID):
             continue
-        client.set_tag(
-            run.info.run_id, store.ENDED_BY, "a later launch: its launching process was gone"
-        )
-        client.set_terminated(run.info.run_id, status=store.KILLED)
-        ended.append(run.info.run_id)
+        why = "a later launch: its launching process was gone"
+        for child in store.running_children(client, parent):
+            if _gone(child.data.tags, store.HOST, store.PID):
+                _end_killed(client, child.info.run_id, why)
+                ended.append(child.info.run_id)
+        _end_killed(client, parent.info.run_id, why)
+        ended.append(parent.info.run_id)
     return ended
+
+
+def _gone(tags: dict[str, str], host_tag: str, pid_tag: str) -> bool:
+    """Whether the process a run records (host and pid) ran here and no longer exists."""
+    pid = tags.get(pid_tag, "")
+    return tags.get(host_tag) == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+
+
+def _end_killed(client, run_id: str, why: str) -> None:
+    client.set_tag(run_id, store.ENDED_BY, why)
+    client.set_terminated(run_id, status=store.KILLED)
 
 
 def _alive(pid: int) -> bool:
@@ -119,6 +131,22 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # exists, owned by someone else
     return True
+
+
+def end_lost_job(info: SweepInfo, job_id: str, status: str, why: str):
+    """A cluster job of the sweep ended without a result (cancelled, killed, its node lost):
+    end its run with ``status`` if it is still RUNNING (a job killed before it could end the
+    run itself), tagging why and who ended it. Returns the run (None: the job recorded none)."""
+    client = store.client_for(info.uri)
+    run = store.run_of_cluster_job(client, client.get_run(info.parent_run_id), job_id)
+    if run is None or run.info.status != store.RUNNING:
+        return run
+    client.log_batch(
+        run.info.run_id,
+        tags=[RunTag(store.ERROR, why), RunTag(store.ENDED_BY, "the sweep's launcher")],
+    )
+    client.set_terminated(run.info.run_id, status=status)
+    return client.get_run(run.info.run_id)
 
 
 def record_skip(info: SweepInfo, job_num: int | None, run_id: str) -> None:
@@ -135,19 +163,19 @@ class SweepResult:
     status: str
     runs: list  # the child runs (mlflow Run objects), oldest first
     missing: int = 0  # jobs expected but never recorded (e.g. a worker process died)
+    skipped: int = 0  # jobs a relaunch skipped: an identical config had FINISHED before
 
     @property
     def failed(self) -> list:
         return [r for r in self.runs if r.info.status != store.FINISHED]
 
     def describe_failures(self) -> list[str]:
-        """``#<job> <run name> (<error>)`` per child that did not finish."""
-        out = []
-        for r in self.failed:
-            job = r.data.tags.get(store.JOB_NUM, "?")
-            why = r.data.tags.get(store.ERROR) or r.info.status
-            out.append(f"#{job} {r.info.run_name} ({why})")
-        return out
+        """``#<job> <run name> (<status>)`` per child that did not finish (its error was
+        printed when it failed, and the report names it again)."""
+        return [
+            f"#{r.data.tags.get(store.JOB_NUM, '?')} {r.info.run_name} ({r.info.status})"
+            for r in self.failed
+        ]
 
 
 def conclude(info: SweepInfo, interrupted: bool) -> SweepResult:
@@ -176,7 +204,7 @@ def conclude(info: SweepInfo, interrupted: bool) -> SweepResult:
     if missing:
         tags["jobs_missing"] = missing
     client.log_batch(info.parent_run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-    return SweepResult(status, runs, missing)
+    return SweepResult(status, runs, missing, n_skipped)
 
 
 def end(info: SweepInfo, result: SweepResult) -> None:

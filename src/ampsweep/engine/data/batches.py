@@ -91,7 +91,7 @@ class Batches:
         self.preload = preload
         if isinstance(split, tuple) and preload:
             x, y = split
-            self.x = x.to(device=device, dtype=dtype).contiguous(memory_format=self.memory_format)
+            self.x = self._place(x.to(device))
             self.y = y.to(device)
             self.n = len(y)
         else:
@@ -144,9 +144,15 @@ class Batches:
             generator=torch.Generator().manual_seed(seed_for(self.seed, epoch)),
         )
         for i, (x, y) in enumerate(loader, start):
-            x = x.to(self.device, dtype=self.dtype, non_blocking=True)
-            x = x.contiguous(memory_format=self.memory_format)
+            x = self._place(x.to(self.device, non_blocking=True))
             yield self._finish(x, g, epoch, i), y.to(self.device, non_blocking=True)
+
+    def _place(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs in the run's dtype and memory format; token ids stay integers, and only
+        image batches (4-D) take channels_last."""
+        if x.is_floating_point():
+            x = x.to(self.dtype)
+        return x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
 
     def _finish(self, x: torch.Tensor, g: torch.Generator | None, epoch: int, i: int):
         if g is None:

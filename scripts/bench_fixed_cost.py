@@ -1,0 +1,238 @@
+#!/usr/bin/env python
+"""What a run costs beyond its training steps, each number printed against its target.
+
+  python scripts/bench_fixed_cost.py            # 5 repetitions, sweeps of 6 jobs (~5 min)
+  python scripts/bench_fixed_cost.py --quick    # a dry run: 1 repetition, sweeps of 3 jobs
+
+Measured with model logging and system metrics on (the defaults), cnn on digits, CPU, in a
+temporary folder with its own SQLite store (created before the timing: a new store's schema
+migrations are a one-off cost):
+
+  imports            python -c "import torch, mlflow, hydra": the floor of any run
+  1-step run         ampsweep train trainer.max_steps=1, as a process       target <= 5.5 s
+  1-step, untracked  the same with tracking=none                            (for comparison)
+  per job            of an in-process sweep of 1-step jobs, beyond training: (sweep of N jobs
+                     - sweep of 1 job) / (N - 1), less a job's training (its perf/wall_s)
+                                                                            target <= 0.5 s
+  model, per job     what logging the model adds to a job's critical path in a sweep: the
+                     same sweep with tracking.log_model=false, the difference / N
+                                                                            target <= 0.5 s
+  model, logging     logging one model, timed in this process (warm): what it costs off the
+                     critical path (a sweep writes it while the next job trains)
+  store calls        calls into MLflow's store by one 1-step job (counted, not timed)
+
+Wall-clock times are medians over --reps repetitions; the load average is printed at the
+start and the end: numbers from a busy machine say little (the counts do not depend on load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+import io
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+if SRC.is_dir() and str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))  # run from a checkout without installing
+
+TARGETS = {"1-step run": 5.5, "per job": 0.5, "model, per job": 0.5}
+ONE_STEP = ["trainer.max_steps=1", "trainer.progress=false"]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--reps", type=int, default=5, help="repetitions of each timing (default 5)")
+    p.add_argument("--jobs", type=int, default=6, help="jobs in the timed sweeps (default 6)")
+    p.add_argument("--quick", action="store_true", help="dry run: 1 repetition, 3-job sweeps")
+    return p.parse_args()
+
+
+def load_line() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
+CPU: dict[str, list[float]] = collections.defaultdict(list)  # CPU seconds of each process
+
+
+def timed(cmd: list[str], cwd: Path, label: str | None = None) -> float:
+    """Wall seconds of a command; its CPU seconds (user + system, all threads) go to CPU."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if res.returncode != 0:
+        sys.exit(f"failed ({res.returncode}): {' '.join(cmd)}\n{res.stderr[-3000:]}")
+    if label:
+        CPU[label].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return wall
+
+
+def ampsweep(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ampsweep", *args]
+
+
+def prepared_store(folder: Path) -> str:
+    from ampsweep.tracking import store
+
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    store.prepare(uri)
+    return uri
+
+
+def sweep_cmd(uri: str, jobs: int, *extra: str) -> list[str]:
+    seeds = ",".join(str(i) for i in range(jobs))
+    return ampsweep("train", "-m", f"trainer.seed={seeds}", f"tracking.uri={uri}",
+                    "tracking.experiment=bench", *ONE_STEP, *extra)  # fmt: skip
+
+
+def training_seconds(uri: str) -> list[float]:
+    """perf/wall_s of every child run in the store (a job's training, evaluation included)."""
+    from ampsweep.tracking import store
+
+    client = store.client_for(uri)
+    exp = client.get_experiment_by_name("bench")
+    runs = client.search_runs([exp.experiment_id], f"tags.`{store.PARENT}` != ''", max_results=1000)
+    return [r.data.metrics["perf/wall_s"] for r in runs if "perf/wall_s" in r.data.metrics]
+
+
+def measure_processes(args, tmp: Path) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = collections.defaultdict(list)
+    for rep in range(args.reps):
+        folder = tmp / f"rep{rep}"
+        folder.mkdir()
+        uri = prepared_store(folder)
+        imports = [sys.executable, "-c", "import torch, mlflow, hydra"]
+        results["imports"].append(timed(imports, folder, "imports"))
+        run = ampsweep("train", f"tracking.uri={uri}", *ONE_STEP)
+        results["1-step run"].append(timed(run, folder, "1-step run"))
+        untracked = ampsweep("train", "tracking=none", *ONE_STEP)
+        results["1-step, untracked"].append(timed(untracked, folder, "1-step, untracked"))
+        for label, extra in (("with model", ()), ("without model", ("tracking.log_model=false",))):
+            sub = folder / label.replace(" ", "_")
+            sub.mkdir()
+            one_uri, many_uri = prepared_store(sub / "one"), prepared_store(sub / "many")
+            t1 = timed(sweep_cmd(one_uri, 1, *extra), sub / "one")
+            tn = timed(sweep_cmd(many_uri, args.jobs, *extra), sub / "many")
+            train = statistics.median(training_seconds(many_uri))
+            results[f"sweep of 1 ({label})"].append(t1)
+            results[f"sweep of {args.jobs} ({label})"].append(tn)
+            if label == "with model":
+                results["per job"].append((tn - t1) / (args.jobs - 1) - train)
+                results["a job's training"].append(train)
+        model = results[f"sweep of {args.jobs} (with model)"][-1]
+        plain = results[f"sweep of {args.jobs} (without model)"][-1]
+        results["model, per job"].append((model - plain) / args.jobs)
+        print(f"  repetition {rep + 1}/{args.reps} done ({load_line()})", flush=True)
+    return results
+
+
+def measure_in_process(tmp: Path) -> tuple[float, collections.Counter]:
+    """Logging one model, warm; and the store calls of one 1-step job."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from ampsweep.app.job import run_job
+    from ampsweep.config.compose import load
+    from ampsweep.engine.build import build
+    from ampsweep.engine.export import snapshot
+    from ampsweep.tracking import store
+    from ampsweep.tracking.recorder import MlflowRecorder
+
+    folder = tmp / "in_process"
+    folder.mkdir()
+    os.chdir(folder)
+    uri = prepared_store(folder)
+    cfg = load([f"tracking.uri={uri}", *ONE_STEP])
+    with contextlib.redirect_stdout(io.StringIO()):
+        run_job(cfg)  # warm: imports and first-use costs
+    setup = build(cfg)
+    times = []
+    for _ in range(3):
+        rec = MlflowRecorder.start(cfg.tracking, "bench-log-model", uri=uri)
+        model = snapshot(setup.model, setup.val_batches)
+        start = time.perf_counter()
+        rec.log_model(model, 1)
+        times.append(time.perf_counter() - start)
+        rec.end(store.FINISHED)
+
+    calls: collections.Counter = collections.Counter()
+    originals = {}
+    for name in dir(SqlAlchemyStore):
+        fn = getattr(SqlAlchemyStore, name)
+        if name.startswith("_") or not callable(fn) or name == "sanitize_metric_value":
+            continue
+        originals[name] = fn
+
+        def counted(*a, _name=name, _fn=fn, **k):
+            calls[_name] += 1
+            return _fn(*a, **k)
+
+        setattr(SqlAlchemyStore, name, functools.wraps(fn)(counted))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            run_job(cfg)
+    finally:
+        for name, fn in originals.items():
+            setattr(SqlAlchemyStore, name, fn)
+    return statistics.median(times), calls
+
+
+def main() -> int:
+    args = parse_args()
+    if args.quick:
+        args.reps, args.jobs = 1, 3
+    print(f"ampsweep fixed-cost benchmark: cnn on digits, CPU, {args.reps} repetition(s), "
+          f"sweeps of {args.jobs} one-step jobs; python {sys.version.split()[0]}")  # fmt: skip
+    print(f"at start: {load_line()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = measure_processes(args, Path(tmp))
+        log_model_s, calls = measure_in_process(Path(tmp))
+    print(f"at end:   {load_line()}")
+    print()
+    header = f"{'measure':<30} {'median':>8} {'best':>8} {'worst':>8} {'target':>8}  verdict"
+    print(header)
+    print("-" * len(header))
+    failed = False
+    for name, values in results.items():
+        target = TARGETS.get(name)
+        median = statistics.median(values)
+        verdict = "-"
+        if target is not None:
+            verdict = "meets target" if median <= target else "ABOVE target"
+            failed |= median > target
+        shown = f"{target:.1f} s" if target else "-"
+        print(f"{name:<30} {median:>7.2f}s {min(values):>7.2f}s {max(values):>7.2f}s "
+              f"{shown:>8}  {verdict}")  # fmt: skip
+    print(f"{'model, logging (in process)':<30} {log_model_s:>7.2f}s")
+    print()
+    for name, values in CPU.items():  # depends less on the machine's load than wall time
+        print(f"CPU seconds of {name}: median {statistics.median(values):.2f} (user + system)")
+    print()
+    print(
+        f"store calls of one 1-step job: {sum(calls.values())} "
+        f"({', '.join(f'{n} {k}' for k, n in calls.most_common())})"
+    )
+    print()
+    print(
+        "per job = (sweep of N - sweep of 1) / (N - 1) - a job's training (perf/wall_s); "
+        "model, per job = (sweep of N with the model - without) / N."
+    )
+    return 1 if failed and not args.quick else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

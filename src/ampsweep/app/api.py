@@ -1,0 +1,130 @@
+"""The Python API: ``ampsweep.train`` and ``ampsweep.sweep`` for notebooks and scripts.
+
+Both run the ``ampsweep train`` command itself (``app.train.cmd_train``) with a
+``CommandContext`` that collects the jobs' outcomes, so a run started from Python is composed,
+checked, trained and recorded exactly as from the command line (the same MLflow runs, tags,
+artifacts, sweep parent and report). What differs is the answer: a result object instead of
+an exit code, and an exception where the command would exit non-zero before training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ampsweep.app.job import CommandContext, JobOutcome
+from ampsweep.config.schema import ConfigError
+from ampsweep.tracking import store
+
+
+class TrainError(RuntimeError):
+    """A run that started but did not finish (it is recorded FAILED or KILLED)."""
+
+    def __init__(self, outcome: JobOutcome):
+        super().__init__(f"{outcome.name} ended {outcome.status}: {outcome.error}")
+        self.outcome = outcome
+
+
+@dataclass
+class TrainResult:
+    run_id: str | None  # None with tracking=none
+    name: str
+    summary: dict[str, float]  # the final numbers: val/loss, val/acc or val/perplexity, perf/...
+
+
+@dataclass
+class SweepResult:
+    parent_run_id: str
+    rows: list  # report.model.Row: one per child run, compared with the baseline mode
+    findings: list[str]
+    runs: list[TrainResult] = field(default_factory=list)  # the jobs that finished here
+
+
+def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> TrainResult:
+    """Train one configuration, as ``ampsweep train [--config-dir DIR] OVERRIDES``.
+
+    Raises ``ConfigError`` (one line) for a command that is refused before it runs, and
+    ``TrainError`` for a run that failed (recorded FAILED, with the reason in its ``error``
+    tag)."""
+    command = CommandContext()
+    code, printed = _run(_args(overrides, config_dir), command)
+    if not command.outcomes:
+        raise ConfigError(_last_error(printed, code))
+    outcome = command.outcomes[-1]
+    if outcome.status != store.FINISHED:
+        if outcome.exit_code == 2 and outcome.run_id is None:
+            raise ConfigError(outcome.error or _last_error(printed, code))
+        raise TrainError(outcome)
+    return TrainResult(outcome.run_id, outcome.name, outcome.summary)
+
+
+def sweep(
+    overrides: Sequence[str] = (), config_dir: str | Path | None = None, baseline: str = "fp32"
+) -> SweepResult:
+    """Run a sweep, as ``ampsweep train -m [--config-dir DIR] OVERRIDES`` (e.g.
+    ``["experiment=precision_sweep"]`` or ``["precision=fp32,bf16"]``): one MLflow parent run
+    with a child per job, and its report. Returns the parent run id and the report's rows and
+    findings (failed jobs are rows with their status and error). Raises ``ConfigError`` for a
+    command refused before it runs (and when tracking is off: a sweep is read back from
+    MLflow)."""
+    from ampsweep.report.sweeps import build_report
+
+    command = CommandContext()
+    code, printed = _run(["-m", *_args(overrides, config_dir)], command)
+    if command.sweep is None:
+        raise ConfigError(
+            _last_error(printed, code)
+            if code
+            else "ampsweep.sweep: this sweep was not recorded (tracking=none): a sweep's "
+            "report is read from MLflow: use tracking=mlflow, or ampsweep.train per job"
+        )
+    info = command.sweep
+    report = build_report(store.client_for(info.uri), info.parent_run_id, baseline)
+    runs = [
+        TrainResult(o.run_id, o.name, o.summary)
+        for o in command.outcomes
+        if o.status == store.FINISHED
+    ]
+    return SweepResult(info.parent_run_id, report.rows, report.findings, runs)
+
+
+def _args(overrides: Sequence[str], config_dir: str | Path | None) -> list[str]:
+    if isinstance(overrides, str):
+        raise TypeError("overrides: give a list of strings, e.g. ['precision=fp16']")
+    where = ["--config-dir", str(Path(config_dir).expanduser().resolve())] if config_dir else []
+    return [*where, *overrides]
+
+
+def _run(args: list[str], command: CommandContext) -> tuple[int, str]:
+    """Run the train command; its exit code and what it printed on stderr (which still
+    reaches the caller's stderr as it is printed)."""
+    from ampsweep.app.train import cmd_train
+
+    tee = _Tee(sys.stderr)
+    with contextlib.redirect_stderr(tee):
+        code = cmd_train(args, command)
+    return code, tee.seen.getvalue()
+
+
+def _last_error(printed: str, code: int) -> str:
+    lines = [ln.removeprefix("error: ") for ln in printed.splitlines() if ln.startswith("error:")]
+    return lines[-1] if lines else f"ampsweep train exited with code {code}"
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, stream):
+        self.stream, self.seen = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.seen.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False

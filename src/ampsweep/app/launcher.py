@@ -1,0 +1,296 @@
+"""Submitting a sweep's jobs to SLURM and waiting for all of them, whatever happens to each.
+
+Hydra's submitit launcher submits the jobs as one job array, then waits for each result in
+turn with ``job.results()``. That wait needs ``sacct`` to notice a job that ended without a
+result (cancelled, killed at its time limit, its node lost): without accounting it waits
+forever, and with it the first such job raises, so the launcher stops waiting for the others
+while they still run. Here every job is waited for: its result file when it returns, and
+``squeue`` for a job that ends without one. Such a job's MLflow run, if it was left RUNNING,
+is ended (KILLED when SLURM cancelled the job, else FAILED) with the reason, and the job's
+outcome goes back to the command, which names it. A requeued job (preempted, or signalled
+before its time limit) is simply still running: the same job id starts again and resumes its
+run from its checkpoint.
+
+Ctrl-C (or SIGTERM) while waiting cancels the sweep's jobs that are still queued or running;
+each ends its run KILLED at its next step boundary, after a checkpoint, so a relaunch resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ampsweep.app import console, slurm
+from ampsweep.app.job import EXIT_FAILED, EXIT_KILLED, JobOutcome
+from ampsweep.tracking import store
+from ampsweep.tracking.sweep import SweepInfo, end_lost_job
+
+POLL_S = 1.0  # result files: one stat per job
+QUERY_FIRST_S, QUERY_MAX_S = 2.0, 30.0  # squeue: soon after submitting, then less often
+# A job SLURM calls ended may still be writing its result where a shared file system shows
+# it late (submitit itself allows 15 s); only after this long without one is it lost.
+RESULT_GRACE_S = 10.0
+CANCEL_WAIT_S = 60.0  # after Ctrl-C: how long to wait for cancelled jobs to end their runs
+KILLED_STATES = {"CANCELLED", "PREEMPTED", "DEADLINE", "TIMEOUT"}
+
+
+@dataclass
+class Tracked:
+    """One submitted job of the sweep and what is known of it."""
+
+    job_num: int
+    overrides: list[str]
+    job: Any  # a submitit Job (with one sub-job per task under DDP)
+    state: str = "PENDING"
+    starts: int = 0  # times SLURM was seen running it (a requeued job runs again)
+    ended_since: float | None = None
+    outcome: JobOutcome | None = None
+    returned: Any = None  # the JobReturn, once known
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job.job_id)
+
+    @property
+    def rank0(self):
+        # Rank 0 records the run; the other ranks' results say nothing more.
+        return self.job.task(0)
+
+    @property
+    def log(self) -> Path:
+        return Path(self.rank0.paths.stderr)
+
+    @property
+    def label(self) -> str:
+        return f"#{self.job_num} (SLURM job {self.job_id})"
+
+
+def launch(launcher, job_overrides, initial_job_idx: int) -> list:
+    """What Hydra's ``Launcher.launch`` returns: a JobReturn per job, in order. Every job's
+    outcome is also handed to the command (its task function's context)."""
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import filter_overrides
+
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if "mode" in launcher.config.hydra.sweep:  # hydra.sweep.mode, as Hydra's launcher honours it
+        sweep_dir.chmod(int(str(launcher.config.hydra.sweep.mode), 8))
+    executor = _executor(launcher)
+    params = []
+    for idx, overrides in enumerate(job_overrides):
+        num = initial_job_idx + idx
+        params.append((list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
+                       Singleton.get_state()))  # fmt: skip
+    jobs = _submit(executor, launcher, params)
+    tracked = [
+        Tracked(num, list(overrides), job)
+        for (overrides, _, num, _, _), job in zip(params, jobs, strict=True)
+    ]
+    first = tracked[0].job_id.split("_")[0]
+    console.console.print(
+        f"submitted {len(tracked)} SLURM job(s) ({first}"
+        + (f"_0..{len(tracked) - 1}" if len(tracked) > 1 else "")
+        + f"); their logs: {sweep_dir / '.submitit'}/<job id>/"
+    )
+    for t in tracked:
+        shown = " ".join(filter_overrides(t.overrides))
+        console.console.print(f"  #{t.job_num} {t.job_id}: {shown}")
+    sweep = SweepInfo.from_sweep_dir(sweep_dir.resolve())
+    try:
+        wait(tracked, sweep)
+    except KeyboardInterrupt:
+        cancel_and_settle(tracked, sweep)
+        raise
+    command = getattr(launcher.task_function, "command", None)
+    if command is not None:
+        command.outcomes.extend(t.outcome for t in tracked)
+    return [t.returned for t in tracked]
+
+
+def _executor(launcher):
+    """The submitit executor of Hydra's launcher, made as its ``launch`` makes it."""
+    import submitit
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    name = launcher._EXECUTOR
+    params = dict(launcher.params)
+    init = {"folder": params.pop("submitit_folder")}
+    if "max_num_timeout" in params:
+        init[f"{name}_max_num_timeout"] = params.pop("max_num_timeout")
+    executor = submitit.AutoExecutor(cluster=name, **init)
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"{name}_{k}": v for k, v in params.items()})
+    return executor
+
+
+def _submit(executor, launcher, params) -> list:
+    from submitit.core.utils import FailedJobError
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):  # submitit prints sbatch's stderr itself
+            return executor.map_array(launcher, *zip(*params, strict=True))
+    except FailedJobError as failure:
+        lines = [ln.strip() for ln in str(failure).splitlines() if ln.strip()]
+        console.error(
+            f"sbatch refused the sweep's jobs: {lines[-1] if lines else failure}: check "
+            "hydra.launcher.partition, account, qos, constraint and additional_parameters"
+        )
+        raise SystemExit(EXIT_FAILED) from None
+
+
+def wait(tracked: list[Tracked], sweep: SweepInfo | None, clock=time.monotonic, sleep=time.sleep):
+    """Until every job returned or ended without a result."""
+    started = clock()
+    next_query = started + QUERY_FIRST_S
+    while True:
+        pending = [t for t in tracked if t.outcome is None]
+        for t in pending:
+            if t.rank0.paths.result_pickle.exists():
+                _returned(t)
+        pending = [t for t in pending if t.outcome is None]
+        if not pending:
+            return
+        now = clock()
+        if now >= next_query:
+            try:
+                states = slurm.job_states([t.job_id for t in pending])
+            except slurm.SlurmError as err:  # ask again later; it says nothing about the jobs
+                console.error(f"could not ask SLURM about the sweep's jobs ({err}); retrying")
+                states = {}
+            for t in pending:
+                if t.job_id in states:
+                    _observe(t, states[t.job_id], now, sweep)
+            interval = min(QUERY_MAX_S, max(QUERY_FIRST_S, (now - started) / 10))
+            soonest = [t.ended_since + RESULT_GRACE_S for t in pending if t.ended_since]
+            next_query = min([now + interval, *soonest])
+        sleep(POLL_S)
+
+
+def _observe(t: Tracked, state: str, now: float, sweep: SweepInfo | None) -> None:
+    if state != t.state:
+        if state == "RUNNING":
+            t.starts += 1
+            console.console.print(f"  {t.label}: running" + (" again" if t.starts > 1 else ""))
+        elif (
+            state in ("PENDING", "REQUEUED") and t.starts and t.state not in ("PENDING", "REQUEUED")
+        ):
+            console.console.print(f"  {t.label}: requeued, to resume from its checkpoint")
+        t.state = state
+    ended = state in slurm.ENDED or state == slurm.GONE
+    if not ended:
+        t.ended_since = None
+    elif t.ended_since is None:
+        t.ended_since = now
+    elif now - t.ended_since >= RESULT_GRACE_S and not t.rank0.paths.result_pickle.exists():
+        _lost(t, sweep)
+
+
+def _returned(t: Tracked) -> None:
+    """The job wrote its result: Hydra's JobReturn from the job (its value: the JobOutcome)."""
+    from hydra.core.utils import JobStatus
+
+    try:
+        ret = t.rank0.result()
+    except Exception as err:  # the job raised outside ampsweep's own handling
+        last = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith("-")]
+        why = f"SLURM job {t.job_id} failed: {last[-1].strip() if last else type(err).__name__}"
+        _settle(t, store.FAILED, why, None)
+        return
+    value = ret._return_value
+    if ret.status == JobStatus.COMPLETED and isinstance(value, JobOutcome):
+        t.outcome, t.returned = value, ret
+        how = value.status
+        if value.skipped:
+            how = f"skipped, the identical config FINISHED as run {value.run_id}"
+        console.console.print(f"  {t.label}: {value.name} {how}")
+        return
+    why = store.one_line(value) if isinstance(value, BaseException) else "no outcome"
+    _settle(t, store.FAILED, f"SLURM job {t.job_id}: {why}", None)
+
+
+def _lost(t: Tracked, sweep: SweepInfo | None) -> None:
+    """The job ended without a result: end its run if nothing else did, and say so."""
+    if t.state == slurm.GONE:
+        how = "is no longer in SLURM's queue and left no result"
+    else:
+        how = f"ended {t.state} without a result"
+    why = f"SLURM job {t.job_id} {how} (log: {t.log})"
+    status = store.KILLED if t.state in KILLED_STATES else store.FAILED
+    run = None
+    if sweep is not None:
+        try:
+            run = end_lost_job(sweep, t.job_id, status, why)
+        except Exception as err:
+            console.error(f"could not record how {t.label} ended: {store.one_line(err)}")
+    _settle(t, status, why, run)
+    console.error(
+        f"{t.label} {how}: "
+        + (f"its run {run.info.run_id} is {run.info.status}" if run else "it recorded no run")
+    )
+
+
+def _settle(t: Tracked, status: str, why: str, run) -> None:
+    from hydra.core.utils import JobReturn, JobStatus
+
+    if run is not None:
+        status = run.info.status
+        why = run.data.tags.get(store.ERROR, why)
+    t.outcome = JobOutcome(
+        name=run.info.run_name if run is not None else f"job {t.job_num}",
+        status=status,
+        run_id=run.info.run_id if run is not None else None,
+        error=why,
+        exit_code=EXIT_KILLED if status == store.KILLED else EXIT_FAILED,
+        job_num=t.job_num,
+        overrides=t.overrides,
+    )
+    ret = JobReturn(overrides=t.overrides, status=JobStatus.COMPLETED)
+    ret.return_value = t.outcome
+    t.returned = ret
+
+
+def cancel_and_settle(
+    tracked: list[Tracked], sweep: SweepInfo | None, timeout: float = CANCEL_WAIT_S
+) -> None:
+    """Cancel the jobs still queued or running, give them time to end their runs (each
+    checkpoints and ends KILLED on SLURM's SIGTERM), and end the runs of those that could not."""
+    pending = [t for t in tracked if t.outcome is None]
+    if not pending:
+        return
+    console.error(f"interrupted: cancelling SLURM job(s) {', '.join(t.job_id for t in pending)}")
+    slurm.cancel([t.job_id for t in pending])
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        try:
+            states = slurm.job_states([t.job_id for t in pending])
+        except slurm.SlurmError:
+            states = {}
+        for t in pending:
+            t.state = states.get(t.job_id, t.state)
+        pending = [t for t in pending if t.state not in slurm.ENDED and t.state != slurm.GONE]
+        time.sleep(POLL_S)
+    for t in tracked:
+        if t.outcome is None and sweep is not None:
+            with contextlib.suppress(Exception):
+                end_lost_job(sweep, t.job_id, store.KILLED, "the sweep was interrupted")
+
+
+def register() -> None:
+    """Make ampsweep's launchers known to Hydra. Hydra finds plugins by listing the folders of
+    the ``hydra_plugins`` namespace, which an editable install does not expose (importing
+    works); a wheel install is found both ways."""
+    from hydra.core.plugins import Plugins
+
+    try:
+        from hydra_plugins.ampsweep_launcher import submitit_launcher
+    except ImportError:
+        return
+    cls = getattr(submitit_launcher, "SlurmLauncher", None)
+    if cls is not None:  # None: the cluster extra is not installed
+        Plugins.instance().register(cls)

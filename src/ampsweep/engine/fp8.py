@@ -1,0 +1,193 @@
+"""fp8 training through torchao: which ``nn.Linear`` layers are converted, and converting them.
+
+An fp8 mode (a row of the mode table with ``fp8``) hands the eligible ``nn.Linear`` layers to
+torchao's ``convert_to_float8_training``, which swaps each for a ``Float8Linear`` whose matmuls
+run in fp8 with the mode's scaling recipe; everything else runs under bf16 autocast. A layer is
+eligible when
+
+* it is a plain ``nn.Linear`` that the model calls through its ``forward`` (the output
+  projection inside ``nn.MultiheadAttention`` is a Linear whose weight the attention function
+  reads directly: swapping it would convert nothing),
+* both its dimensions are divisible by 16 (what fp8 tensor-core matmuls need), and
+* it is not the model's first or last layer while ``precision.fp8.keep_first_last`` holds.
+
+Which layers are first and last, which are called, and the FLOPs each carries come from one
+forward pass of two samples traced on the meta device (``plan``). The run records every Linear
+layer with its verdict and the share of the FLOPs the converted ones carry: fp8 can only speed
+up that share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ampsweep.config.schema import Config, ConfigError
+from ampsweep.precision.modes import Fp8Config, PrecisionMode
+
+MULTIPLE = 16  # fp8 tensor-core matmuls need both dimensions divisible by 16
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One ``nn.Linear`` of the model and what fp8 does with it."""
+
+    name: str
+    in_features: int
+    out_features: int
+    flops: float  # forward FLOPs of the traced batch (0: never called through forward)
+    converted: bool
+    reason: str = ""  # why it is kept out of fp8
+
+
+@dataclass
+class Conversion:
+    """What an fp8 mode converted (nothing for every other mode)."""
+
+    recipe: str = ""  # torchao's recipe name; "": no conversion
+    emulated: bool = False
+    layers: list[Layer] = field(default_factory=list)
+    total_flops: float = 0.0  # forward FLOPs of the whole model on the traced batch
+
+    @property
+    def converted(self) -> list[str]:
+        return [layer.name for layer in self.layers if layer.converted]
+
+    @property
+    def kept(self) -> list[str]:
+        return [layer.name for layer in self.layers if not layer.converted]
+
+    @property
+    def flop_share(self) -> float:
+        """The share of the step's FLOPs in converted layers (counted on the forward pass: a
+        matmul's backward costs twice its forward, as a convolution's or attention's does)."""
+        done = sum(layer.flops for layer in self.layers if layer.converted)
+        return done / self.total_flops if self.total_flops else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        if not self.recipe:
+            return {}
+        return {
+            "fp8/converted_layers": float(len(self.converted)),
+            "fp8/kept_layers": float(len(self.kept)),
+            "fp8/flop_share": self.flop_share,
+        }
+
+    def table(self) -> dict:
+        """Every Linear layer with its verdict, for the run's ``fp8_layers.json``."""
+        return {
+            "recipe": self.recipe,
+            "emulated": self.emulated,
+            "flop_share": self.flop_share,
+            "layers": [dataclasses.asdict(layer) for layer in self.layers],
+        }
+
+
+# ---------------------------------------------------------------- planning
+
+
+def plan(model: nn.Module, x: torch.Tensor, cfg: Fp8Config, recipe: str = "") -> Conversion:
+    """Which Linear layers of ``model`` fp8 would convert, from one forward pass of two
+    samples of ``x``, traced on the meta device (the model and ``x`` may be anywhere)."""
+    order: list[str] = []  # leaf layers with parameters, in the order they run
+    tokens: dict[str, float] = {}  # rows each Linear multiplied, for its FLOPs
+    handles = []
+    for name, module in model.named_modules():
+        leaf = next(module.children(), None) is None
+        if not leaf or next(module.parameters(recurse=False), None) is None:
+            continue  # containers (a ViT's encoder holds a parameter too) are not layers
+
+        def hook(mod, args, out, name=name):
+            if name not in order:
+                order.append(name)
+            if isinstance(mod, nn.Linear) and args:
+                tokens[name] = tokens.get(name, 0) + args[0].numel() / mod.in_features
+
+        handles.append(module.register_forward_hook(hook))
+    # On the meta device: shapes only, no compute, no memory, and attention's FLOPs counted
+    # (the CPU's fused attention kernel is invisible to the counter). With gradients on, as in
+    # training: without them nn.MultiheadAttention takes a fused inference path, uncounted too.
+    state = {
+        n: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+        for n, t in [*model.named_parameters(), *model.named_buffers()]
+    }
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics touched, no dropout drawn
+    try:
+        with torch.enable_grad(), FlopCounterMode(display=False) as counter:
+            torch.func.functional_call(model, state, (x[:2].to("meta"),))
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    ends = {order[0], order[-1]} if order and cfg.keep_first_last else set()
+    layers = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        i, o = module.in_features, module.out_features
+        called = name in tokens
+        reason = ""
+        if type(module) is not nn.Linear:
+            reason = f"a {type(module).__name__}, not a plain nn.Linear"
+        elif not called:
+            reason = "not called through its forward (e.g. inside nn.MultiheadAttention)"
+        elif i % MULTIPLE or o % MULTIPLE:
+            reason = f"{i}x{o}: both dimensions must be divisible by {MULTIPLE}"
+        elif name in ends:
+            which = "first" if name == order[0] else "last"
+            reason = f"the model's {which} layer (precision.fp8.keep_first_last=true)"
+        flops = 2.0 * tokens.get(name, 0) * i * o
+        layers.append(Layer(name, i, o, flops, converted=not reason, reason=reason))
+    return Conversion(recipe, cfg.emulate, layers, float(counter.get_total_flops()))
+
+
+def refusal(mode: PrecisionMode, model_name: str, planned: Conversion, cfg: Fp8Config) -> str:
+    """Why an fp8 mode would change nothing on this model (no layer to convert)."""
+    linear = planned.layers
+    if not linear:
+        what = "has no nn.Linear layer"
+    else:
+        shown = "; ".join(f"layer {la.name or '(the model)'}, {la.reason}" for la in linear[:3])
+        more = f"; and {len(linear) - 3} more" if len(linear) > 3 else ""
+        what = f"has no nn.Linear layer fp8 can take ({shown}{more})"
+    hint = ""
+    if cfg.keep_first_last and any(la.reason.startswith("the model's") for la in linear):
+        hint = ", or precision.fp8.keep_first_last=false to convert its first and last layers"
+    return (
+        f"precision={mode.name}: model={model_name} {what}: fp8 would change nothing: use "
+        f"precision={mode.fallback}{hint}"
+    )
+
+
+# ---------------------------------------------------------------- converting
+
+
+def convert_fp8(model: nn.Module, mode: PrecisionMode, cfg: Fp8Config, x: torch.Tensor, name: str):
+    """Convert ``model``'s eligible Linear layers in place for ``mode``; the record of it.
+    ``x``: a batch of real inputs on the model's device (two samples are traced)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    planned = plan(model, x, cfg, mode.fp8)
+    if not planned.converted:
+        raise ConfigError(refusal(mode, name, planned, cfg))
+    config = Float8LinearConfig.from_recipe_name(mode.fp8)
+    if cfg.emulate:
+        config = dataclasses.replace(config, emulate=True)
+    chosen = set(planned.converted)
+    convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda module, fqn: fqn in chosen
+    )
+    return planned
+
+
+def check_fp8(model: nn.Module, samples: torch.Tensor, mode: PrecisionMode, cfg: Config) -> None:
+    """Refuse an fp8 config on a model where fp8 would convert nothing, without converting:
+    ``model`` may live on the meta device (no memory, no compute); ``samples`` are moved there."""
+    planned = plan(model, samples, cfg.precision.fp8, mode.fp8)
+    if not planned.converted:
+        raise ConfigError(refusal(mode, cfg.model.name, planned, cfg.precision.fp8))

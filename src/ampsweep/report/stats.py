@@ -1,0 +1,110 @@
+"""Statistics of repeated runs: means with confidence intervals, as pure functions.
+
+A configuration run N times with different seeds gives N values of each metric. Its mean gets
+a two-sided confidence interval from Student's t distribution (scipy), which is right for small
+N (the normal approximation is far too narrow at N=3). A mode is compared with the baseline
+*paired*: each run against the baseline run of the same seed, so what the seed changes (the
+initial weights, the data order) cancels out of the difference. Ratios (speed-up, memory ratio)
+are averaged on the log scale: the interval of a ratio is then symmetric in "x times faster"
+and "x times slower", and never crosses zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+LEVEL = 0.95  # the confidence level of every interval in the report
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over ``n`` runs and its confidence interval (``low``/``high`` are None when
+    ``n`` is 1: one run has no spread to estimate)."""
+
+    mean: float
+    low: float | None
+    high: float | None
+    n: int
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval's width (``mean +/- half_width`` for a symmetric interval)."""
+        return (self.high - self.low) / 2 if self.has_interval else None
+
+    def contains(self, value: float) -> bool:
+        return self.has_interval and self.low <= value <= self.high
+
+
+def t_quantile(level: float, dof: int) -> float:
+    """The two-sided critical value of Student's t with ``dof`` degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, dof))
+
+
+def mean_interval(values: Sequence[float], level: float = LEVEL) -> Estimate | None:
+    """The mean of ``values`` and its t interval; None for no values."""
+    xs = [float(v) for v in values if _finite(v)]
+    n = len(xs)
+    if n == 0:
+        return None
+    mean = sum(xs) / n
+    if n == 1:
+        return Estimate(mean, None, None, 1)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_quantile(level, n - 1) * sd / math.sqrt(n)
+    return Estimate(mean, mean - half, mean + half, n)
+
+
+def paired_difference(
+    values: Sequence[float], baselines: Sequence[float], level: float = LEVEL
+) -> Estimate | None:
+    """The mean of ``values[i] - baselines[i]`` (each pair from the same seed) and its
+    interval: the paired t interval."""
+    if len(values) != len(baselines):
+        raise ValueError("paired_difference needs one baseline per value")
+    return mean_interval([v - b for v, b in zip(values, baselines, strict=True)], level)
+
+
+def ratio_interval(ratios: Sequence[float], level: float = LEVEL) -> Estimate | None:
+    """The geometric mean of positive ratios (each a run over its same-seed baseline) and its
+    interval, computed on the log scale and mapped back."""
+    logs = [math.log(r) for r in ratios if _finite(r) and r > 0]
+    est = mean_interval(logs, level)
+    if est is None:
+        return None
+    if not est.has_interval:
+        return Estimate(math.exp(est.mean), None, None, est.n)
+    return Estimate(math.exp(est.mean), math.exp(est.low), math.exp(est.high), est.n)
+
+
+def paired_ratio(
+    values: Sequence[float], baselines: Sequence[float], level: float = LEVEL
+) -> Estimate | None:
+    """``ratio_interval`` of ``values[i] / baselines[i]``."""
+    if len(values) != len(baselines):
+        raise ValueError("paired_ratio needs one baseline per value")
+    pairs = zip(values, baselines, strict=True)
+    return ratio_interval([v / b for v, b in pairs if _finite(v) and _finite(b) and b > 0], level)
+
+
+def compare(est: Estimate | None, null: float) -> str | None:
+    """Where an interval lies against the value of "no difference" (0 for a difference, 1 for
+    a ratio): "lower", "higher" or "indistinguishable"; None without an interval."""
+    if est is None or not est.has_interval:
+        return None
+    if est.high < null:
+        return "lower"
+    if est.low > null:
+        return "higher"
+    return "indistinguishable"
+
+
+def _finite(x) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)

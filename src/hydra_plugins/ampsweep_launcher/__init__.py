@@ -1,0 +1,1 @@
+"""ampsweep's Hydra plugins (Hydra finds plugins only under hydra_plugins)."""

@@ -1,0 +1,85 @@
+"""README commands as a new user types them: relative config paths, run folders named as
+documented, one error line for a DDP config error, no resume line before a refusal."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from ampsweep.app import cli
+from ampsweep.tracking import store as mlflow_store
+
+pytestmark = pytest.mark.slow
+
+
+def _runs(store: str):
+    client = mlflow_store.client_for(store)
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def test_run_folder_is_time_mode_model_data_and_a_relative_config_path_reruns_it(
+    tmp_path, store, quick, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "precision=fp32", "model=mlp", f"tracking.uri={store}", *quick]) == 0
+    (run,) = _runs(store)
+    run_dir = Path(run.data.tags["run_dir"])
+    assert re.fullmatch(r"\d\d-\d\d-\d\d-fp32-mlp-digits", run_dir.name), run_dir.name
+    assert run_dir.parent.parent == (tmp_path / "outputs" / "runs").resolve()
+    # The .hydra form of the README, with the path relative to where the user is.
+    relative = run_dir.relative_to(tmp_path) / ".hydra"
+    capsys.readouterr()
+    args = ["train", "--config-path", str(relative), "--config-name", "config"]
+    assert cli.main([*args, "tracking.run_name=again"]) == 0
+    again = next(r for r in _runs(store) if r.info.run_name == "again")
+    assert again.data.metrics["val/loss"] == run.data.metrics["val/loss"]  # the same config
+
+
+def test_a_ddp_config_error_is_one_line_and_exit_2(tmp_path):
+    args = ["train", "trainer.nproc=2", "dataset=mnist", f"dataset.root={tmp_path / 'none'}"]
+    res = run_cli([*args, "tracking=none", "trainer.max_steps=2"], tmp_path, timeout=300)
+    assert res.returncode == 2
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: dataset=mnist: no data under"), lines
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+def test_resume_refused_before_saying_it_resumes(tmp_path, store, quick, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    base = ["train", f"tracking.uri={store}", *quick, "trainer.checkpoint_every=2"]
+    assert cli.main([*base, "trainer.max_steps=4"]) == 0
+    (ckpt,) = (tmp_path / "outputs" / "checkpoints").glob("*/*/step-*-end.pt")
+    capsys.readouterr()
+    # Another config (a different lr) cannot continue that checkpoint.
+    assert cli.main([*base, "optimizer.lr=0.01", f"trainer.resume={ckpt}"]) == 2
+    out, err = capsys.readouterr()
+    assert "resuming from" not in out
+    assert "was written by a different config" in err or "nothing to resume" in err
+
+
+def test_reproduce_says_what_it_does_without_a_download_bar(
+    tmp_path, store, quick, capsys, monkeypatch
+):
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+    from mlflow.utils import file_utils
+
+    # MLflow draws a download bar (with tqdm, where installed) whenever this variable says so
+    # at the moment a transfer starts: record what it said for each transfer.
+    drawn = []
+    original = file_utils.ArtifactProgressBar.__init__
+
+    def spy(self, *args, **kwargs):
+        drawn.append(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get())
+        original(self, *args, **kwargs)
+
+    assert cli.main(["train", "model=mlp", f"tracking.uri={store}", *quick]) == 0
+    (run,) = _runs(store)
+    capsys.readouterr()
+    monkeypatch.setattr(file_utils.ArtifactProgressBar, "__init__", spy)
+    assert cli.main(["reproduce", run.info.run_id, f"tracking.uri={store}"]) == 0
+    out, _ = capsys.readouterr()
+    assert f"reproducing run {run.info.run_id}" in out
+    assert drawn and not any(drawn)  # the config was downloaded, and without a bar

@@ -1,0 +1,100 @@
+"""engine/data/custom: a data set from any callable is split, checked, converted and sized up
+(classes, input shape, preloaded or read per item) as the built-in data sets are."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ampsweep.config.schema import ConfigError, DatasetConfig
+from ampsweep.engine import data
+from ampsweep.engine.data import custom
+
+HERE = __name__
+
+
+class Pairs(torch.utils.data.Dataset):
+    """n items (1x2x2 input, label i % k) with no stated number of classes."""
+
+    def __init__(self, n: int, k: int = 3):
+        self.n, self.k = n, k
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((1, 2, 2), float(i), dtype=np.float32), i % self.k
+
+
+def pairs(n: int = 40):
+    return Pairs(n)
+
+
+def stated(n: int = 40):
+    ds = Pairs(n)
+    ds.num_classes = 10  # more classes than the labels use: the data set's word wins
+    return ds
+
+
+def pair_of_sets():
+    return Pairs(30), Pairs(10)
+
+
+def tokens(n: int = 12):
+    seqs = torch.arange(n * 5).view(n, 5) % 7
+    return [(s[:-1], s[1:]) for s in seqs]
+
+
+def load(target: str, task: str = "classification", **shared) -> data.Splits:
+    return data.load(DatasetConfig(name="x", target=f"{HERE}.{target}", **shared), task)
+
+
+def test_one_data_set_is_split_by_val_fraction_and_split_seed():
+    a = load("pairs", val_fraction=0.25, split_seed=3)
+    b = load("pairs", val_fraction=0.25, split_seed=3)
+    assert a.in_memory and len(a.train[1]) == 30 and len(a.val[1]) == 10
+    assert torch.equal(a.val[0], b.val[0])  # the same split every time
+    assert not torch.equal(a.val[0], load("pairs", val_fraction=0.25, split_seed=4).val[0])
+    seen = torch.cat([a.train[0], a.val[0]])[:, 0, 0, 0].sort().values
+    assert torch.equal(seen, torch.arange(40.0))  # every sample once
+    assert (a.num_classes, a.input_shape) == (3, (1, 2, 2))  # classes from the labels
+
+
+def test_a_pair_is_used_as_given_and_a_stated_class_count_wins():
+    given = load("pair_of_sets")
+    assert len(given.train[1]) == 30 and len(given.val[1]) == 10
+    assert load("stated").num_classes == 10
+
+
+def test_inputs_are_normalised_when_mean_and_std_are_given():
+    plain = load("pairs", split_seed=1)
+    normalised = load("pairs", split_seed=1, mean=[10.0], std=[2.0])
+    assert torch.allclose(normalised.train[0], (plain.train[0] - 10.0) / 2.0)
+
+
+def test_a_large_data_set_is_read_per_item(monkeypatch):
+    monkeypatch.setattr(custom, "PRELOAD_MAX_BYTES", 100)  # 40 items x 16 bytes: too large
+    splits = load("pairs")
+    assert not splits.in_memory and not data.should_preload(DatasetConfig(), splits)
+    x, y = splits.train[0]
+    assert x.dtype == torch.float32 and y.dtype == torch.long
+    assert splits.num_classes == 3  # the labels were read once to count the classes
+
+
+def test_token_sequences_for_language_modeling():
+    splits = load("tokens", "language_modeling")
+    x, y = splits.train
+    assert x.dtype == torch.long and x.shape[1:] == (4,) and torch.equal(y[:, :-1], x[:, 1:])
+    assert splits.num_classes == 7  # the vocabulary, from the largest token
+
+
+def int_labels():
+    return [(torch.arange(4), 1)] * 8
+
+
+def test_text_needs_token_ids_and_the_next_tokens_as_targets():
+    with pytest.raises(ConfigError, match="task=language_modeling needs token ids, got"):
+        load("pairs", "language_modeling")  # float inputs
+    with pytest.raises(ConfigError, match="needs the next tokens as the label"):
+        load("int_labels", "language_modeling")

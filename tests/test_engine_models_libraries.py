@@ -1,0 +1,156 @@
+"""engine/models/libraries: timm architectures and Hugging Face causal LMs train in every CPU
+precision mode; a missing library, an unknown architecture or unreachable pretrained weights
+are refused in one line before anything is recorded."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ampsweep.app.train import cmd_train
+from ampsweep.config import compose
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine import components
+from ampsweep.engine.build import build
+from ampsweep.engine.loop import fit
+
+QUICK = [
+    "trainer.epochs=1", "trainer.max_steps=8", "trainer.batch_size=16", "trainer.log_every=2",
+    "trainer.timing_warmup_steps=1", "trainer.progress=false", "tracking=none",
+    "optimizer.lr=2e-3",
+]  # fmt: skip
+TIMM = {
+    # timm's own small ResNet (resnet18d and the rest build the same way; fp16 convolutions
+    # are slow on a CPU without native fp16, so the suite keeps the network small)
+    "resnet": ["model.arch=test_resnet"],
+    # a tiny ViT: 2x2 patches of the 8x8 digits (the image size is passed from the data),
+    # average-pooled tokens; it learns more slowly than a convnet, so it takes more steps
+    "vit": [
+        "model.arch=vit_tiny_patch16_224",
+        "model.args.patch_size=2",
+        "model.args.depth=2",
+        "model.args.embed_dim=32",
+        "model.args.num_heads=2",
+        "model.args.mlp_ratio=2",
+        "model.args.class_token=false",
+        "model.args.global_pool=avg",
+        "trainer.max_steps=40",
+        "trainer.log_every=10",
+    ],
+}
+
+
+def train_quick(*overrides: str) -> tuple[dict, list[float]]:
+    """The summary and the train/loss of each log window."""
+    setup = build(compose.load([*QUICK, *overrides]))
+    losses: list[float] = []
+    summary = fit(setup, lambda m, s: losses.append(m["train/loss"]) if "train/loss" in m else 0)
+    return summary, losses
+
+
+@pytest.mark.parametrize(
+    "arch,precision",
+    [("resnet", "fp32"), ("resnet", "fp16"), ("resnet", "bf16"), ("vit", "fp16"), ("vit", "bf16")],
+)
+def test_timm_models_train_on_digits(arch, precision):
+    pytest.importorskip("timm", reason="pip install 'ampsweep[timm]'")
+    summary, losses = train_quick("model=timm", f"precision={precision}", *TIMM[arch])
+    assert len(losses) == 4 and summary["train/steps"] in (8, 40)
+    assert losses[-1] < losses[0], losses  # it learns
+    assert summary["val/loss"] == summary["val/loss"]  # evaluated: a number, not NaN
+
+
+def test_a_timm_vit_gets_the_datas_image_size_and_channels():
+    pytest.importorskip("timm")
+    setup = build(compose.load([*QUICK, "model=timm", *TIMM["vit"]]))
+    assert setup.model.num_prefix_tokens == 0  # model.args reached timm
+    assert setup.model.patch_embed.img_size == (8, 8)
+    assert setup.model.patch_embed.proj.in_channels == 1 and setup.model.head.out_features == 10
+
+
+def check(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        components.resolve(compose.load(list(overrides)))
+    return str(err.value)
+
+
+def test_an_unknown_timm_architecture_is_refused_with_suggestions():
+    pytest.importorskip("timm")
+    text = check("model=timm", "model.arch=resnet18x")
+    assert text.startswith("model.arch=resnet18x: not a timm architecture: did you mean resnet18")
+
+
+def test_timm_missing_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", None)  # import timm now raises ImportError
+    assert check("model=timm") == (
+        "model.arch=resnet18d: model=timm needs the timm package, which is not installed: "
+        "pip install 'ampsweep[timm]'"
+    )
+
+
+def test_pretrained_weights_offline_fail_before_anything_is_recorded(
+    store, tmp_path, monkeypatch, capsys
+):
+    pytest.importorskip("timm")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on a machine without network
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    monkeypatch.chdir(tmp_path)
+    code = cmd_train(["-m", "model=timm", "model.pretrained=true", "precision=fp32,bf16",
+                      f"tracking.uri={store}"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and "Traceback" not in err
+    assert (
+        "model.pretrained=true: the weights of resnet18d are not in the local cache and "
+        "huggingface.co cannot be reached (no network): use model.pretrained=false"
+    ) in " ".join(err.split())
+    client = __import__("ampsweep.tracking.store", fromlist=["x"]).client_for(store)
+    assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
+
+
+# ---------------------------------------------------------------- Hugging Face
+
+
+def test_hf_missing_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert check("model=hf_causal_lm", "dataset=pysource").startswith(
+        "model.arch=llama: model=hf_causal_lm needs the transformers package, which is not "
+        "installed: pip install 'ampsweep[hf]'"
+    )
+
+
+def test_an_unknown_hf_architecture_and_config_key_are_refused():
+    pytest.importorskip("transformers")
+    assert "model.arch=lama: not a Hugging Face causal-LM architecture: did you mean llama" in (
+        check("model=hf_causal_lm", "dataset=pysource", "model.arch=lama")
+    )
+    text = check("model=hf_causal_lm", "dataset=pysource", "model.args.rms_norm_epsilon=1.0")
+    assert (
+        "model.args.rms_norm_epsilon=1.0: not a key of the llama config: did you mean "
+        "model.args.rms_norm_eps?"
+    ) in text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_hf_models_take_their_size_and_vocabulary_from_the_config_and_data(arch):
+    pytest.importorskip("transformers")
+    setup = build(
+        compose.load(
+            [
+                *QUICK,
+                "model=hf_causal_lm",
+                f"model.arch={arch}",
+                "dataset=pysource",
+                "dataset.max_bytes=20000",
+                "dataset.seq_len=32",
+                "model.hidden_size=32",
+                "model.num_attention_heads=2",
+                "trainer.max_steps=2",
+            ]  # fmt: skip
+        )
+    )
+    config = setup.model.model.config
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (256, 32, 2)
+    assert config.num_attention_heads == 2 and config.max_position_embeddings == 32
+    summary = fit(setup, lambda m, s: None)
+    assert summary["val/perplexity"] < 256  # below a uniform guess over the bytes

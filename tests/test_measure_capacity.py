@@ -1,0 +1,146 @@
+"""Capacity: memory sizes, the max-batch prediction, the largest-batch search, and what a run
+measures (bytes per sample, the model's memory by dtype) on a model small enough to count by
+hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ampsweep.measure import capacity
+from ampsweep.measure.memory import capacity_metrics
+from ampsweep.precision.modes import PrecisionConfig
+from ampsweep.precision.policy import build_policy
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("80GiB", 80 * 1024**3),
+        ("80 GiB", 80 * 1024**3),
+        ("40GB", 40 * 10**9),
+        ("512MiB", 512 * 1024**2),
+        ("1.5TiB", int(1.5 * 1024**4)),
+        ("80gib", 80 * 1024**3),
+        ("4096", 4096),
+    ],
+)
+def test_sizes_as_people_write_them(text, expected):
+    assert capacity.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["80 apples", "GiB", "-3GiB", "0GiB", "eighty", "", "1e3GB"])
+def test_what_is_not_a_size(text):
+    with pytest.raises(capacity.SizeError, match="not a memory size"):
+        capacity.parse_size(text)
+
+
+def test_format_size():
+    assert capacity.format_size(80 * 1024**3) == "80 GiB"
+    assert capacity.format_size(139.8 * 1024**3) == "140 GiB"
+    assert capacity.format_size(512 * 1024**2) == "512 MiB"
+
+
+def test_predicted_max_batch():
+    gib = 1024**3
+    assert capacity.predict_max_batch(80 * gib, 2 * gib, 1024**2) == 78 * 1024
+    assert capacity.predict_max_batch(1000, 200, 3) == 266  # floor(800 / 3)
+    assert capacity.predict_max_batch(100, 200, 3) == 0  # the model alone does not fit
+    assert capacity.predict_max_batch(100, 0, 0) is None  # nothing measured
+
+
+def test_per_sample_from_two_batch_sizes():
+    # 4096 bytes whatever the batch, plus 392 a sample
+    fixed, slope = capacity.per_sample({64: 4096 + 64 * 392, 32: 4096 + 32 * 392})
+    assert (fixed, slope) == (4096, 392)
+
+
+class Fits:
+    """A fake device: a batch fits when it is at most ``largest``; counts the tries."""
+
+    def __init__(self, largest: int):
+        self.largest, self.calls = largest, []
+
+    def __call__(self, batch: int) -> bool:
+        self.calls.append(batch)
+        return batch <= self.largest
+
+
+@pytest.mark.parametrize(("largest", "start"), [(37, 8), (1000, 64), (64, 64), (5, 64), (1, 4)])
+def test_the_search_finds_the_exact_largest_batch(largest, start):
+    fits = Fits(largest)
+    found = capacity.search(fits, start, limit=1 << 20)
+    assert found.largest == largest
+    assert found.first_failure == largest + 1  # it saw the edge from both sides
+    assert [b for b, _ in found.tried] == fits.calls
+    # doubling (or halving) then bisecting: a logarithmic number of tries
+    assert len(fits.calls) <= 2 * math.ceil(math.log2(max(largest, start) + 1)) + 2
+
+
+def test_the_search_doubles_then_bisects():
+    fits = Fits(37)
+    capacity.search(fits, 8, limit=1000)
+    assert fits.calls == [8, 16, 32, 64, 48, 40, 36, 38, 37]
+
+
+def test_the_search_stops_at_its_limit_and_when_nothing_fits():
+    found = capacity.search(Fits(10**9), 8, limit=100)
+    assert found.largest == 100 and found.limit_reached
+    nothing = capacity.search(Fits(0), 8, limit=100)
+    assert nothing.largest == 0 and [b for b, _ in nothing.tried] == [8, 4, 2, 1]
+    with pytest.raises(ValueError):
+        capacity.search(Fits(3), 0, limit=10)
+
+
+def two_layers(mode: str):
+    """Linear(64, 64), ReLU, Linear(64, 32) after one AdamW step, and a batch of 16."""
+    torch.manual_seed(0)
+    policy = build_policy(PrecisionConfig(name=mode), torch.device("cpu"))
+    model = policy.prepare_model(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(16, 64, dtype=policy.param_dtype), torch.randint(0, 32, (16,))
+    with policy.autocast():
+        nn.functional.cross_entropy(model(x).float(), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return capacity_metrics(model, optimizer, x, y, policy)
+
+
+MIB = 1024**2
+
+
+def test_fp32_bytes_per_sample_and_model_memory_by_hand():
+    m = two_layers("fp32")
+    # Saved for backward, per sample: the input (64 fp32 = 256 B; the first layer needs it for
+    # its weight gradient), ReLU's output (256 B, which the second layer saves too: counted
+    # once), log_softmax's output (32 fp32 = 128 B) and the label (int64, 8 B).
+    assert m["mem/activation_bytes_per_sample"] == 256 + 256 + 128 + 8
+    params = (64 * 64 + 64 + 64 * 32 + 32) * 4  # 24,960 B
+    assert m["mem/params_fp32_mib"] * MIB == params
+    assert m["mem/grads_fp32_mib"] * MIB == params
+    # AdamW: exp_avg and exp_avg_sq per parameter, and a float32 step count per tensor (4)
+    assert m["mem/optimizer_fp32_mib"] * MIB == 2 * params + 4 * 4
+    assert m["mem/model_mib"] * MIB == 4 * params + 16
+    assert "mem/weight_copies_mib" not in m  # fp32 keeps no copies
+    assert "mem/max_batch_predicted" not in m  # on a CPU no budget is assumed
+
+
+def test_bf16_halves_the_samples_and_adds_weight_copies():
+    m = two_layers("bf16")
+    # bf16 input copy 128 B, ReLU output 128 B, log_softmax of the fp32 logits 128 B, label 8 B
+    assert m["mem/activation_bytes_per_sample"] == 128 + 128 + 128 + 8
+    # autocast's bf16 copy of the second layer's weight, saved to compute the input gradient
+    # whatever the batch (the first layer's is not: its input needs no gradient)
+    assert m["mem/weight_copies_bf16_mib"] * MIB == 64 * 32 * 2
+    assert m["mem/params_fp32_mib"] * MIB == 24960  # the fp32 master weights stay
+
+
+def test_pure_bf16_keeps_bf16_parameters_gradients_and_optimizer_state():
+    m = two_layers("bf16_pure")
+    assert m["mem/params_bf16_mib"] * MIB == 24960 / 2
+    assert m["mem/grads_bf16_mib"] * MIB == 24960 / 2
+    assert m["mem/optimizer_bf16_mib"] * MIB == 24960
+    assert "mem/params_fp32_mib" not in m
