@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module, so that its module-scoped fixture is built once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_e2e_install")]
 
 
 @pytest.fixture(scope="module")

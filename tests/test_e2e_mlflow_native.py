@@ -10,7 +10,8 @@ import pytest
 
 from ampsweep.tracking import store as mlflow_store
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module, so that its module-scoped fixture is built once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_e2e_mlflow_native")]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from conftest import REPO, require_tool, run_cli
 
 from ampsweep.tracking import store as mlflow_store
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module, so that its module-scoped fixture is built once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_e2e_ui_mlflow_native")]
 
 
 def _free_port() -> int:
