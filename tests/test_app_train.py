@@ -179,3 +179,37 @@ def test_a_failing_job_fails_its_child_and_the_parent_not_the_sweep(store_uri, q
     failed = next(k for k in kids if k.info.run_name == "tf32-mlp-digits-2")
     assert "needs a CUDA GPU" in failed.data.tags["error"]
     assert all(k.info.status != "RUNNING" for k in kids)
+
+
+# ---------------------------------------------------------------- Hydra's compositions of a sweep
+
+
+@pytest.mark.parametrize("sweeper,compositions", [("ampsweep", 1), ("basic", 2)])
+def test_hydra_composes_each_job_once_to_run_it_after_ampsweeps_check(
+    store_uri, quick, main, monkeypatch, sweeper, compositions
+):
+    """ampsweep composes and checks every job before Hydra starts; its sweeper (the default)
+    leaves out Hydra's second composition of each job, which hydra/sweeper=basic still makes."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed: list[list[str]] = []
+    original = ConfigLoaderImpl.load_sweep_config
+
+    def counting(self, master_config, sweep_overrides):
+        composed.append(list(sweep_overrides))
+        return original(self, master_config, sweep_overrides)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counting)
+    args = ["precision=fp32,bf16", f"hydra/sweeper={sweeper}", f"tracking.uri={store_uri}"]
+    result = main("train", "-m", *args, *quick, "model=mlp")
+    assert result.code == 0, result.err
+    assert len(composed) == 2 * compositions
+    assert {o for job in composed for o in job if o.startswith("precision=")} == {
+        "precision=fp32",
+        "precision=bf16",
+    }
+    runs = all_runs(store_uri)
+    assert sorted(r.info.run_name for r in runs if store.PARENT in r.data.tags) == [
+        "bf16-mlp-digits",
+        "fp32-mlp-digits",
+    ]

@@ -282,11 +282,14 @@ def cancel_and_settle(
 
 
 def register() -> None:
-    """Make ampsweep's launchers known to Hydra. Hydra finds plugins by listing the folders of
-    the ``hydra_plugins`` namespace, which an editable install does not expose (importing
-    works); a wheel install is found both ways."""
+    """Make ampsweep's sweeper and launchers known to Hydra. Hydra finds plugins by listing the
+    folders of the ``hydra_plugins`` namespace, which an editable install does not expose
+    (importing works); a wheel install is found both ways."""
     from hydra.core.plugins import Plugins
 
+    from hydra_plugins.ampsweep_launcher import sweeper
+
+    Plugins.instance().register(sweeper.AmpsweepSweeper)
     try:
         from hydra_plugins.ampsweep_launcher import submitit_launcher
     except ImportError:
