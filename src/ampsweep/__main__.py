@@ -1,6 +1,6 @@
 """``python -m ampsweep`` is the ``ampsweep`` command."""
 
-from ampsweep.app.cli import main
+from ampsweep.app.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -7,7 +7,10 @@ them, so ``--help`` and config errors answer at once.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 
 from ampsweep import __version__
 
@@ -143,3 +146,28 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_train(argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
+
+
+def run() -> None:
+    """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``,
+    then the interpreter's own way out minus its teardown.
+
+    When ``main()`` has returned, every run is ended, every file written and every child
+    process waited for. What CPython does next is, in order: join the non-daemon threads
+    (``threading._shutdown``, which also stops idle executor workers), call the exit handlers
+    (temporary folders removed, log handlers flushed), flush the standard streams, and then free
+    every module and object one by one, which after importing torch (with dynamo), MLflow's
+    store and Hydra takes about 1.4 s on a 2-core CPU: a quarter of a one-step run. The first
+    three are done here as CPython does them; the last is skipped with ``os._exit`` (mypy ends
+    the same way, for the same reason). An exception or SystemExit from ``main()`` takes
+    Python's usual way out.
+    """
+    code = main()
+    threading._shutdown()  # what the interpreter calls first at exit  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # the reader went away (e.g. `ampsweep report | head`)
+        code = code or 1
+    os._exit(code)
