@@ -9,11 +9,15 @@ missing, or fails it where ``AMPSWEEP_REQUIRE_TOOLS`` asks for that tool (CI set
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +129,42 @@ def require_tool(tool: str, missing: str | None) -> None:
 # ---------------------------------------------------------------- MLflow stores
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, folder: Path):
+    """``mlflow server`` on 127.0.0.1 with served artifacts; yields its http:// URL."""
+    port = free_port()
+    log = open(folder / "server.log", "w")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1", "--backend-store-uri", backend_uri,
+           "--serve-artifacts", "--artifacts-destination", str(folder / "artifacts")]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        "mlflow server did not start:\n" + (folder / "server.log").read_text()
+                    )
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
 @pytest.fixture(scope="session")
 def empty_store(tmp_path_factory) -> Path:
     """An empty SQLite store with MLflow's tables, made once per session: MLflow runs its
@@ -161,17 +201,36 @@ def all_runs(uri: str) -> list:
 # ---------------------------------------------------------------- configs and commands
 
 
+# Overrides for a run that takes about a second on CPU.
+QUICK = [
+    "trainer.epochs=1",
+    "trainer.max_steps=6",
+    "trainer.log_every=2",
+    "trainer.timing_warmup_steps=1",
+    "trainer.progress=false",
+    "model.width=8",
+]
+
+# A small deterministic run whose weights and losses tests compare across ways of running it
+# (one process, DDP ranks, SLURM tasks); its tracking is the caller's choice.
+EXACT = [
+    "model=mlp",
+    "model.width=8",
+    "optimizer=sgd",
+    "precision=fp32",
+    "trainer.device=cpu",
+    "trainer.deterministic=true",
+    "trainer.epochs=2",
+    "trainer.max_steps=12",
+    "trainer.timing_warmup_steps=1",
+    "trainer.progress=false",
+]
+
+
 @pytest.fixture
 def quick() -> list[str]:
     """Overrides for a run that takes about a second on CPU."""
-    return [
-        "trainer.epochs=1",
-        "trainer.max_steps=6",
-        "trainer.log_every=2",
-        "trainer.timing_warmup_steps=1",
-        "trainer.progress=false",
-        "model.width=8",
-    ]
+    return list(QUICK)
 
 
 def resumable(checkpoint_dir: Path, *extra: str) -> list[str]:
@@ -250,15 +309,6 @@ def main(capsys):
 
 # ---------------------------------------------------------------- one sweep for many tests
 
-QUICK_SWEEP = [
-    "trainer.epochs=1",
-    "trainer.max_steps=6",
-    "trainer.log_every=2",
-    "trainer.timing_warmup_steps=1",
-    "trainer.progress=false",
-    "model.width=8",
-]
-
 
 @dataclass
 class SweepRun:
@@ -276,7 +326,7 @@ def three_mode_sweep(tmp_path_factory, empty_store) -> SweepRun:
     folder = tmp_path_factory.mktemp("three_mode_sweep")
     shutil.copy(empty_store, folder / "mlflow.db")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    args = ["train", "-m", "precision=fp32,fp16,bf16", *QUICK_SWEEP]
+    args = ["train", "-m", "precision=fp32,fp16,bf16", *QUICK]
     proc = run_cli(args, cwd=folder, env={"MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return SweepRun(folder, uri, args, proc)

@@ -4,10 +4,8 @@ refusals of ``-m`` with ``trainer.nproc>1``, and a sweep with failing jobs."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
-from conftest import all_runs
+from conftest import all_runs, free_port
 
 from ampsweep.app import train as train_cmd
 from ampsweep.tracking import store
@@ -57,12 +55,6 @@ def test_unopenable_store_in_process(quick, main):
     args, names = BAD_STORE
     result = main("train", *quick, *args)
     check_one_line_error(result.code, result.out, result.err, names)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_unreachable_server_fails_fast_before_training(tmp_path, quick, main, monkeypatch):

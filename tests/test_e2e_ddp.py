@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, all_runs, run_cli
+from conftest import EXACT, REPO, all_runs, run_cli
 
 from ampsweep.app import job
 from ampsweep.tracking import store
@@ -38,20 +38,6 @@ WORKER = textwrap.dedent(
     """
 )
 
-EXACT = [
-    "model=mlp",
-    "model.width=8",
-    "optimizer=sgd",
-    "precision=fp32",
-    "trainer.device=cpu",
-    "trainer.deterministic=true",
-    "trainer.epochs=2",
-    "trainer.max_steps=12",
-    "trainer.timing_warmup_steps=1",
-    "trainer.progress=false",
-    "tracking=none",
-]
-
 
 def _env():
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -64,7 +50,7 @@ def _env():
 def test_two_ranks_equal_each_other_and_one_process_with_the_global_batch(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    overrides = [*EXACT, "trainer.batch_size=16"]
+    overrides = [*EXACT, "tracking=none", "trainer.batch_size=16"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     proc = subprocess.run(
         [*cmd, str(script), json.dumps(overrides), str(tmp_path)],
@@ -83,7 +69,7 @@ def test_two_ranks_equal_each_other_and_one_process_with_the_global_batch(tmp_pa
     from ampsweep.engine import build as train
     from ampsweep.engine import loop
 
-    setup = train.build(config.load([*EXACT, "trainer.batch_size=32"]))
+    setup = train.build(config.load([*EXACT, "tracking=none", "trainer.batch_size=32"]))
     single = loop.fit(setup, lambda m, s: None)
     # Tolerance: only the order of float additions differs (two means averaged by all_reduce
     # against one mean over 32), about 1e-7 relative per step, over 12 SGD steps.
@@ -100,7 +86,7 @@ def test_a_ddp_run_is_one_mlflow_run_and_resumes_to_the_same_weights(tmp_path, s
     """trainer.nproc=2 is one MLflow run (rank 0 records, rank 1 is quiet). Rank 0 writes the
     checkpoints (the plain module's weights), every rank restores the same one, and the resumed
     run ends where the uninterrupted one did."""
-    base = ["train", *EXACT[:-1], "trainer.batch_size=16", "trainer.nproc=2"]
+    base = ["train", *EXACT, "trainer.batch_size=16", "trainer.nproc=2"]
     base += ["trainer.checkpoint_every=4", "trainer.keep_checkpoints=10"]
     env = {"OMP_NUM_THREADS": "1"}
     full = run_cli(
@@ -150,7 +136,7 @@ def test_a_ddp_run_is_one_mlflow_run_and_resumes_to_the_same_weights(tmp_path, s
 def test_a_crashing_rank_ends_the_command_non_zero_without_hanging(tmp_path, store_uri):
     """Rank 1 dies (SIGKILL) at step 3 while rank 0 waits for it in a collective: the elastic
     agent ends rank 0 and the command exits non-zero in seconds, not at some timeout."""
-    args = ["train", *EXACT[:-1], "trainer.batch_size=16", "trainer.nproc=2"]
+    args = ["train", *EXACT, "trainer.batch_size=16", "trainer.nproc=2"]
     args += ["trainer.max_steps=400", "trainer.epochs=100", f"tracking.uri={store_uri}"]
     started = time.monotonic()
     proc = run_cli(

@@ -8,17 +8,13 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from glob import glob
 from pathlib import Path
 
 import pytest
-from conftest import require_tool, run_cli
+from conftest import free_port, mlflow_server, require_tool, run_cli
 
 TINY = [
     "model=mlp",
@@ -29,59 +25,6 @@ TINY = [
     "trainer.progress=false",
     "trainer.timing_warmup_steps=1",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def mlflow_server(backend_uri: str, folder: Path):
-    """``mlflow server`` on 127.0.0.1 with served artifacts; yields its http:// URL."""
-    port = free_port()
-    log = open(folder / "server.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            backend_uri,
-            "--serve-artifacts",
-            "--artifacts-destination",
-            str(folder / "artifacts"),
-        ],  # fmt: skip
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=folder,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(
-                        "mlflow server did not start:\n" + (folder / "server.log").read_text()
-                    )
-                time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def _read_back(url: str):

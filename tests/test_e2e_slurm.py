@@ -12,18 +12,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
-
-from tests.conftest import REPO
-from tests.slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
+from conftest import EXACT, REPO, mlflow_server
+from slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -61,41 +58,13 @@ LONG = [
 SWEEP, PARENT, JOB = "ampsweep.sweep", "mlflow.parentRunId", "slurm_job_id"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tracking_server(tmp_path_factory):
     """``mlflow server`` on loopback with served artifacts: the jobs report to it over HTTP,
     as jobs on other nodes of a real cluster would. Each test uses an experiment of its own."""
     folder = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
-    log = open(folder / "server.log", "w")
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-           "--serve-artifacts", "--artifacts-destination", str(folder / "artifacts")]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(
-                        "mlflow server did not start:\n" + (folder / "server.log").read_text()
-                    )
-                time.sleep(0.5)
+    with mlflow_server(f"sqlite:///{folder / 'mlflow.db'}", folder) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def _env(cluster) -> dict[str, str]:
@@ -187,19 +156,6 @@ def test_sweep_is_one_parent_run_with_a_child_per_slurm_job_and_the_report(
 
 
 # ---------------------------------------------------------------- DDP inside a job
-
-EXACT = [
-    "model=mlp",
-    "model.width=8",
-    "optimizer=sgd",
-    "precision=fp32",
-    "trainer.device=cpu",
-    "trainer.deterministic=true",
-    "trainer.epochs=2",
-    "trainer.max_steps=12",
-    "trainer.timing_warmup_steps=1",
-    "trainer.progress=false",
-]
 
 
 def test_ddp_job_is_two_slurm_tasks_one_run_with_the_weights_of_the_global_batch(

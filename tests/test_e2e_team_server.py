@@ -13,17 +13,11 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 from ampsweep.app import ui
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _status(port: int, host_header: str) -> int:
@@ -42,7 +36,7 @@ def test_allowed_hosts_let_another_name_in_and_keep_unknown_ones_out(tmp_path, e
     import shutil
 
     shutil.copy(empty_store, tmp_path / "mlflow.db")
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "ampsweep", "ui", "--host", "0.0.0.0", "--port", str(port)]
     cmd += ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     cmd += ["--allowed-hosts", f"mlflow.lab.example:{port}"]

@@ -7,7 +7,6 @@ import json
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,24 +14,18 @@ import time
 import urllib.request
 
 import pytest
-from conftest import cli_env, require_tool
+from conftest import cli_env, free_port, require_tool
 
 from ampsweep.tracking import store
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("three_mode_sweep")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(three_mode_sweep):
     """`ampsweep ui` serving the shared three-mode sweep's store (read only)."""
     folder, uri = three_mode_sweep.folder, three_mode_sweep.uri
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ampsweep", "ui", "--port", str(port)],  # store from the env
         cwd=folder,

@@ -8,25 +8,18 @@ import queue
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from conftest import REPO, require_tool, run_cli
+from conftest import REPO, free_port, require_tool, run_cli
 
 from ampsweep.tracking import store as mlflow_store
 
 # One worker runs the whole module, so that its module-scoped fixture is built once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_e2e_ui_mlflow_native")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,7 @@ def served(tmp_path_factory):
     client = mlflow_store.client_for(store)
     exp = client.get_experiment_by_name("ampsweep")
     [run] = client.search_runs([exp.experiment_id])
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "MLFLOW_TRACKING_URI": store}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ampsweep", "ui", "--port", str(port)],

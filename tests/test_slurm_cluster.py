@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
+from slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
