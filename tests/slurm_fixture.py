@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,40 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+def wait_for(what: str, check, timeout: float = 30, poll: float = 0.2):
+    """``check()``'s first truthy value, polled until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def job_state(cluster, job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict (no slurmdbd here, so no sacct; finished jobs stay
+    visible for MinJobAge)."""
+    proc = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], env={**os.environ, **cluster.env},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"scontrol show job {job_id} failed: {proc.stderr}"
+    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+
+
+def wait_state(cluster, job_id: str, state: str, timeout: float = 30) -> dict[str, str]:
+    """The job's fields once SLURM reports ``state``. SLURM's bookkeeping lags the job's own
+    work: a job whose result is already written can still read RUNNING while it exits."""
+    seen: dict[str, str] = {}
+
+    def reached():
+        seen.update(job_state(cluster, job_id))
+        return seen if seen.get("JobState") == state else None
+
+    try:
+        return wait_for(f"job {job_id} to be {state}", reached, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last: {seen.get('JobState')} {seen.get('Reason')}") from None

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import EXACT, REPO, mlflow_server
-from slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
+from slurm_fixture import job_state, slurm_cluster, wait_for, wait_state  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -113,11 +113,6 @@ def _history(client, run, key: str = "train/loss") -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
 
 
-def _job_state(cluster, job_id: str) -> dict[str, str]:
-    out = cluster.run("scontrol", "show", "job", "-o", job_id)
-    return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
 # ---------------------------------------------------------------- a sweep
 
 
@@ -147,7 +142,7 @@ def test_sweep_is_one_parent_run_with_a_child_per_slurm_job_and_the_report(
         assert kid.info.artifact_uri.startswith("mlflow-artifacts:")  # through the server
         assert kid.data.tags["cpu_threads"] == "1"  # hydra.launcher.cpus_per_task=1
         # SLURM itself ran it to completion
-        assert _job_state(slurm_cluster, kid.data.tags[JOB])["JobState"] == "COMPLETED"
+        wait_state(slurm_cluster, kid.data.tags[JOB], "COMPLETED")
     # the report, printed at the end and logged to the parent
     assert "fp32" in proc.stdout and "bf16" in proc.stdout and "Findings" in proc.stdout
     assert "report.md" in {a.path for a in client.list_artifacts(parent.info.run_id)}
@@ -179,7 +174,7 @@ def test_ddp_job_is_two_slurm_tasks_one_run_with_the_weights_of_the_global_batch
         p.name for p in tmp_path.glob(f"outputs/multirun/*/*/.submitit/{job_id}/*.pkl")
     )
     assert f"{job_id}_0_result.pkl" in results and f"{job_id}_1_result.pkl" in results
-    assert _job_state(slurm_cluster, job_id)["NumTasks"] == "2"
+    assert job_state(slurm_cluster, job_id)["NumTasks"] == "2"
 
     # One process with the global batch (2 x 16) trains the same weights (only the order of
     # float additions differs between two means averaged by all_reduce and one mean of 32).
@@ -196,16 +191,6 @@ def test_ddp_job_is_two_slurm_tasks_one_run_with_the_weights_of_the_global_batch
 
 
 # ---------------------------------------------------------------- preemption, scancel, relaunch
-
-
-def _wait_for(what: str, check, timeout: float = 180, poll: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _reference_history(overrides: list[str]) -> list[tuple[int, float]]:
@@ -258,7 +243,7 @@ def test_preempted_job_requeues_into_its_run_a_cancelled_one_ends_killed_and_a_r
                     slurm_cluster.run("scancel", *signals.pop(name), job_of[name])
             return not signals
 
-        _wait_for("both jobs to write a checkpoint", signal_each_once_training)
+        wait_for("both jobs to write a checkpoint", signal_each_once_training, 180, poll=0.1)
         preempted, cancelled = job_of["preempted"], job_of["cancelled"]
         out, err = sweep.communicate(timeout=300)
     finally:
@@ -287,7 +272,7 @@ def test_preempted_job_requeues_into_its_run_a_cancelled_one_ends_killed_and_a_r
     assert 50 <= resumed_at < steps[-1]
     # from the checkpoint it wrote at the step it stopped
     assert run.data.tags["resumed_from"].endswith(f"step-{resumed_at:08d}.pt")
-    assert _job_state(slurm_cluster, preempted)["Restarts"] == "1"
+    assert job_state(slurm_cluster, preempted)["Restarts"] == "1"
     assert _history(client, run) == reference
 
     # The cancelled job: SLURM's SIGTERM stopped it at a step boundary with a checkpoint;
@@ -296,7 +281,7 @@ def test_preempted_job_requeues_into_its_run_a_cancelled_one_ends_killed_and_a_r
     assert run.info.status == "KILLED"
     assert "interrupted (stopped at step" in run.data.tags["error"]
     stopped_at = int(re.search(r"stopped at step (\d+)", run.data.tags["error"]).group(1))
-    assert _job_state(slurm_cluster, cancelled)["JobState"] == "CANCELLED"
+    wait_state(slurm_cluster, cancelled, "CANCELLED")
     assert [s for s, _ in _history(client, run)] == [s for s in steps if s <= stopped_at]
 
     # Relaunching the sweep skips the job that finished and resumes the cancelled one.
@@ -396,7 +381,12 @@ def test_ctrl_c_on_the_sweep_cancels_its_jobs_which_end_their_runs_killed(
             f"tracking.uri={tracking_server}", f"tracking.experiment={exp}"]  # fmt: skip
     sweep = _start(slurm_cluster, tmp_path, *args)
     try:
-        _wait_for("the job's first checkpoint", lambda: list(tmp_path.glob("ckpt/*/*/step-*.pt")))
+        wait_for(
+            "the job's first checkpoint",
+            lambda: list(tmp_path.glob("ckpt/*/*/step-*.pt")),
+            180,
+            poll=0.1,
+        )
         sweep.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = sweep.communicate(timeout=120)
     finally:
@@ -410,4 +400,4 @@ def test_ctrl_c_on_the_sweep_cancels_its_jobs_which_end_their_runs_killed(
     run = kids[0]
     assert run.info.status == "KILLED"
     assert "interrupted (stopped at step" in run.data.tags["error"]  # with a checkpoint
-    assert _job_state(slurm_cluster, run.data.tags[JOB])["JobState"] == "CANCELLED"
+    wait_state(slurm_cluster, run.data.tags[JOB], "CANCELLED")

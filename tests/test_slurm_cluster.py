@@ -5,14 +5,12 @@ requeues real jobs. There is no slurmdbd (so no sacct): jobs are followed with
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
+from slurm_fixture import slurm_cluster, wait_for, wait_state  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -35,11 +33,6 @@ def _sbatch(cluster, cwd: Path, *args: str) -> str:
     return out.strip().split(";")[0]
 
 
-def _job(cluster, job_id: str) -> dict[str, str]:
-    out = _run(cluster, "scontrol", "show", "job", "-o", job_id)
-    return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
 def _alive(pid: int) -> bool:
     # The daemons fork away from us and are reaped by init, perhaps a little later: a zombie
     # holds no port, file or lock, so it counts as gone.
@@ -49,47 +42,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_for(check, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def _wait_state(cluster, job_id: str, state: str, timeout: float = 30) -> dict[str, str]:
-    seen = {}
-
-    def reached():
-        seen.update(_job(cluster, job_id))
-        return seen if seen.get("JobState") == state else None
-
-    try:
-        return _wait_for(reached, f"job {job_id} to be {state}", timeout)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; last: {seen.get('JobState')} {seen.get('Reason')}") from None
-
-
 def test_sinfo_shows_one_idle_node_in_the_debug_partition(slurm_cluster):  # noqa: F811
     def node():
         lines = _run(slurm_cluster, "sinfo", "-h", "-N", "-o", "%N|%t|%c|%P").split()
         return lines if len(lines) == 1 and lines[0].split("|")[1] == "idle" else None
 
-    name, state, cpus, partition = _wait_for(node, "one idle node")[0].split("|")
+    name, state, cpus, partition = wait_for("one idle node", node)[0].split("|")
     assert int(cpus) == slurm_cluster.cpus == os.cpu_count()
     assert partition == f"{slurm_cluster.partition}*"  # '*': the default partition
 
 
 def test_batch_job_writes_a_file_and_completes(slurm_cluster, tmp_path):  # noqa: F811
     job = _sbatch(slurm_cluster, tmp_path, "--wrap", "echo done-$SLURM_JOB_ID > out.txt")
-    info = _wait_state(slurm_cluster, job, "COMPLETED")
+    info = wait_state(slurm_cluster, job, "COMPLETED")
     assert info["ExitCode"] == "0:0"
     assert (tmp_path / "out.txt").read_text().strip() == f"done-{job}"
     # No slurmdbd: only the job-completion log answers sacct, and only with --completion.
     sacct = ["sacct", "--completion", "-n", "--parsable2", "-o", "JobID,State", "-j", job]
-    _wait_for(lambda: f"{job}|COMPLETED" in _run(slurm_cluster, *sacct), "sacct --completion")
+    wait_for("sacct --completion", lambda: f"{job}|COMPLETED" in _run(slurm_cluster, *sacct))
 
 
 def test_srun_launches_two_tasks_with_ranks_0_and_1(slurm_cluster, tmp_path):  # noqa: F811
@@ -100,7 +70,7 @@ def test_srun_launches_two_tasks_with_ranks_0_and_1(slurm_cluster, tmp_path):  #
         "--wrap",
         "srun bash -c 'echo $SLURM_NTASKS > rank-$SLURM_PROCID.txt'",
     )
-    _wait_state(slurm_cluster, job, "COMPLETED")
+    wait_state(slurm_cluster, job, "COMPLETED")
     ranks = sorted(p.name for p in tmp_path.glob("rank-*.txt"))
     assert ranks == ["rank-0.txt", "rank-1.txt"]
     assert all(p.read_text().strip() == "2" for p in tmp_path.glob("rank-*.txt"))
@@ -108,10 +78,10 @@ def test_srun_launches_two_tasks_with_ranks_0_and_1(slurm_cluster, tmp_path):  #
 
 def test_scancel_ends_a_running_job_as_cancelled(slurm_cluster, tmp_path):  # noqa: F811
     job = _sbatch(slurm_cluster, tmp_path, "--wrap", "touch started; sleep 300")
-    _wait_state(slurm_cluster, job, "RUNNING")
-    _wait_for(lambda: (tmp_path / "started").exists(), "the batch script to start")
+    wait_state(slurm_cluster, job, "RUNNING")
+    wait_for("the batch script to start", lambda: (tmp_path / "started").exists())
     _run(slurm_cluster, "scancel", job)
-    _wait_state(slurm_cluster, job, "CANCELLED")
+    wait_state(slurm_cluster, job, "CANCELLED")
 
 
 REQUEUE_SCRIPT = """#!/bin/bash
@@ -129,11 +99,11 @@ def test_usr1_trap_requeues_the_job_and_it_runs_again(slurm_cluster, tmp_path): 
     script.write_text(REQUEUE_SCRIPT)
     job = _sbatch(slurm_cluster, tmp_path, str(script))
     runs = tmp_path / "runs.txt"
-    _wait_for(lambda: runs.exists(), "the first run to start")
+    wait_for("the first run to start", lambda: runs.exists())
     # --batch: signal only the batch shell (like --signal=B:USR1@N does before a time limit).
     _run(slurm_cluster, "scancel", "--signal=USR1", "--batch", job)
     # A requeued job is held for cred_expire (5 s in this cluster's config) before restarting.
-    info = _wait_state(slurm_cluster, job, "COMPLETED", timeout=45)
+    info = wait_state(slurm_cluster, job, "COMPLETED", timeout=45)
     assert runs.read_text().split() == ["0", "requeue", "1"]
     assert info["Restarts"] == "1"
 
