@@ -310,6 +310,33 @@ def test_sigterm_while_the_run_is_recorded_ends_it_killed(store_uri, quick, monk
     assert r.info.status == "KILLED" and r.data.tags["error"] == "interrupted (SIGTERM)"
 
 
+def test_sigterm_while_a_failure_is_recorded_still_ends_the_run_failed(
+    store_uri, quick, monkeypatch, main
+):
+    """A DDP rank whose peer died: its collective fails, and the elastic agent's SIGTERM
+    arrives while the failure is being recorded. The run still ends FAILED, then the command
+    stops."""
+    in_main_thread()
+    from ampsweep.tracking.recorder import MlflowRecorder
+
+    def peer_died(*args, **kwargs):
+        raise RuntimeError("Connection closed by peer")
+
+    real = MlflowRecorder.end
+
+    def end_signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "fit", peer_died)
+    monkeypatch.setattr(MlflowRecorder, "end", end_signalled)
+    result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
+    assert result.code == job.EXIT_KILLED
+    (r,) = all_runs(store_uri)
+    assert r.info.status == "FAILED"
+    assert r.data.tags["error"] == "RuntimeError: Connection closed by peer"
+
+
 # ---------------------------------------------------------------- resume by run id
 
 

@@ -107,9 +107,10 @@ class StopRequest:
 
     While the training loop runs (``deferred``), the first signal only sets ``requested``: the
     loop sees it at the next step boundary, writes a checkpoint and raises Interrupted, so a
-    signal never lands in the middle of an optimizer update. Elsewhere, or on a second signal,
-    SIGTERM / Ctrl-C raise KeyboardInterrupt at once. The job then ends KILLED and the command
-    exits non-zero.
+    signal never lands in the middle of an optimizer update. So is one that arrives while a
+    run's end (FAILED, KILLED) is being recorded, which must not be cut short. Elsewhere, or on
+    a second signal, SIGTERM / Ctrl-C raise KeyboardInterrupt at once. The job then ends KILLED
+    and the command exits non-zero.
 
     ``requeue_signal`` (in a submitit SLURM job: USR2, which SLURM sends ``signal_delay_s``
     before the time limit or a preemption) is always deferred: the job stops at its next step
@@ -196,11 +197,12 @@ class StopRequest:
 
     @contextlib.contextmanager
     def deferred(self):
-        self.deferring = True
+        """The first SIGTERM / Ctrl-C inside only sets ``requested``; a second one stops."""
+        before, self.deferring = self.deferring, True
         try:
             yield
         finally:
-            self.deferring = False
+            self.deferring = before
 
 
 def signal_at_step(value: str) -> tuple[int, signal.Signals, dict[str, int]]:
@@ -298,8 +300,9 @@ class Job:
             outcome = self._requeue(outcome)  # exits here when submitit requeues the job
         self._done(outcome)
         if self.stop.requested and not self.stop.requeue:
-            # the signal came after the last step: it finished; stop here
-            raise KeyboardInterrupt("SIGTERM after the last step")
+            # the signal came after the last step (it finished) or while the run's end was
+            # recorded: stop here
+            raise KeyboardInterrupt("a signal as the job ended")
         return outcome
 
     def _stopped(self, err: KeyboardInterrupt) -> JobOutcome:
@@ -308,7 +311,8 @@ class Job:
         why = f"interrupted ({err or 'KeyboardInterrupt'})"
         if self.stop.requeue:
             why = f"stopped for SLURM's requeue signal ({err}): requeued, resumes from there"
-        self.recorder.end(store.KILLED, error=why)
+        with self.stop.deferred():  # one more signal must not leave the run RUNNING
+            self.recorder.end(store.KILLED, error=why)
         return JobOutcome(self.name, store.KILLED, self.recorder.run_id, error=why,
                           exit_code=EXIT_KILLED)  # fmt: skip
 
@@ -492,9 +496,12 @@ class Job:
         if self.rank.is_main or not isinstance(err, ConfigError):
             console.error(f"{self.name}: {message}" if self.ctx.job_num is not None else message)
         if self.recorder.run_id is not None:
+            # Deferred: when one DDP rank dies, the elastic agent sends SIGTERM to the others
+            # just as their collective fails; it must not cut short the run's FAILED end.
             try:
-                self.recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
-                self.recorder.end(store.FAILED, error=message)
+                with self.stop.deferred():
+                    self.recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
+                    self.recorder.end(store.FAILED, error=message)
             except Exception as end_err:  # the store itself failed: say so, once
                 console.error(f"could not record the failure in MLflow: {store.one_line(end_err)}")
         code = EXIT_CONFIG if isinstance(err, ConfigError) else EXIT_FAILED
