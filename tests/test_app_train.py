@@ -205,3 +205,12 @@ def test_hydra_composes_each_job_once_to_run_it_after_ampsweeps_check(
         "bf16-mlp-digits",
         "fp32-mlp-digits",
     ]
+
+
+def test_a_sweep_dir_given_on_the_command_line_is_used(tmp_path, store_uri, quick, main):
+    args = ["-m", "precision=fp32,bf16", "model=mlp", *quick, f"tracking.uri={store_uri}"]
+    result = main("train", *args, "hydra.sweep.dir=sweeps/mine")
+    assert result.code == 0, result.err
+    made = {p.name for p in (tmp_path / "sweeps" / "mine").iterdir()}
+    assert {"0", "1", "multirun.yaml", "ampsweep_sweep.json"} <= made, made
+    assert not (tmp_path / "outputs" / "multirun").exists()

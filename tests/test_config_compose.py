@@ -341,3 +341,25 @@ def test_a_target_section_round_trips_through_the_logged_yaml():
     flat = config.flatten(cfg)
     assert flat["loss._target_"] == "torch.nn.functional.cross_entropy"
     assert "model._target_" not in flat  # only set ones are shown
+
+
+def test_a_saved_job_config_gets_ampsweeps_run_settings(tmp_path):
+    """A run's .hydra/config.yaml has no defaults list and no hydra section: rerun from it,
+    it gets ampsweep's search path, logging, run and sweep dirs, which compose to the same
+    settings as ampsweep's own primary config."""
+    saved = tmp_path / "config.yaml"
+    saved.write_text(OmegaConf.to_yaml(config.compose(["model=mlp"])))
+    extra = config.saved_config_overrides(tmp_path, "config", [])
+    assert "hydra/job_logging=none" in extra and "hydra/hydra_logging=none" in extra
+    ours = config.compose(["model=mlp"], return_hydra_config=True).hydra
+    rerun = config.compose([*extra], tmp_path, "config", return_hydra_config=True).hydra
+    for key in ("run", "sweep", "job_logging", "hydra_logging"):
+        assert OmegaConf.to_container(rerun[key]) == OmegaConf.to_container(ours[key]), key
+    assert rerun.job.name == "ampsweep" and rerun.job.chdir is False
+    # what the command gives already stays as given
+    given = config.saved_config_overrides(tmp_path, "config", ["hydra.sweep.dir=mine"])
+    assert not [o for o in given if o.startswith("hydra.sweep.dir=")]
+    # ampsweep's own primary config, and one with a defaults list (reproduce's), get none
+    assert config.saved_config_overrides(config.config_dir(), "config", []) == []
+    saved.write_text("defaults:\n  - ampsweep_schema\n  - _self_\n")
+    assert config.saved_config_overrides(tmp_path, "config", []) == []

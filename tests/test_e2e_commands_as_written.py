@@ -3,6 +3,7 @@ documented, one error line for a DDP config error, no resume line before a refus
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -33,9 +34,17 @@ def test_run_folder_is_time_mode_model_data_and_a_relative_config_path_reruns_it
     relative = run_dir.relative_to(tmp_path) / ".hydra"
     capsys.readouterr()
     args = ["train", "--config-path", str(relative), "--config-name", "config"]
+    handlers = list(logging.getLogger().handlers)
     assert cli.main([*args, "tracking.run_name=again"]) == 0
     again = next(r for r in _runs(store) if r.info.run_name == "again")
     assert again.data.metrics["val/loss"] == run.data.metrics["val/loss"]  # the same config
+    # with ampsweep's run settings, not Hydra's defaults (outputs/<date>/<time>/, a log file,
+    # a console handler)
+    rerun_dir = Path(again.data.tags["run_dir"])
+    assert rerun_dir.parent.parent == run_dir.parent.parent, rerun_dir
+    assert re.fullmatch(r"\d\d-\d\d-\d\d-fp32-mlp-digits", rerun_dir.name), rerun_dir.name
+    assert list(tmp_path.rglob("*.log")) == []
+    assert logging.getLogger().handlers == handlers
 
 
 def test_a_ddp_config_error_is_one_line_and_exit_2(tmp_path):

@@ -95,7 +95,7 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     if args and args[0] in ("--usage",):
         print(TRAIN_HELP)
         return 0
-    from ampsweep.config.compose import normalise_overrides
+    from ampsweep.config.compose import normalise_overrides, saved_config_overrides
     from ampsweep.engine import distributed
 
     command = command or CommandContext()
@@ -116,6 +116,8 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         return run_hydra(args, command)
     conf, name, search = _conf_of(flags)
     command_args = args  # what the sweep's parent records: the command as typed
+    saved = saved_config_overrides(conf, name, overrides)  # rerunning RUN_DIR/.hydra/config
+    args, overrides = [*args, *saved], [*overrides, *saved]
     if multirun:
         code, args, overrides = _repeats_as_seeds(args, overrides, conf, name, search)
         if code:
@@ -306,8 +308,10 @@ def run_sweep(
     from ampsweep.app import sweep
     from ampsweep.config.compose import expand_sweep, is_hydra_override
 
+    # Hydra's own settings (hydra.sweep.dir=..., a saved config's run settings) apply as given.
+    hydra_settings = [o for o in overrides if is_hydra_override(o)]
     first_job = expand_sweep([o for o in overrides if not is_hydra_override(o)])[0]
-    sweep_dir, label = sweep.plan_dir(first_job, conf, name, search)
+    sweep_dir, label = sweep.plan_dir([*first_job, *hydra_settings], conf, name, search)
     typed = command_args or args
     command.sweep = sweep.begin(configs, typed, sweep_dir, label) if is_main else None
     # Jobs run in this process: each one's model is logged while the next trains. (A launcher

@@ -99,6 +99,41 @@ def searchpath_of(overrides: list[str]) -> list[str]:
     return []
 
 
+def saved_config_overrides(conf: Path, config_name: str, given: Sequence[str]) -> list[str]:
+    """For a primary config that is a run's saved job config (``--config-path RUN_DIR/.hydra
+    --config-name config``: no defaults list, no hydra section), what ampsweep's own primary
+    config adds to a run, as overrides read from it: ampsweep's conf/ on the search path (its
+    groups and sweeper), its logging, and its run and sweep dirs. Without them Hydra would use
+    its own defaults (a run dir under outputs/<date>/<time>/ with a job log file, a logging
+    handler on the console). None for any other primary config, or those ``given`` already."""
+    from omegaconf import OmegaConf
+
+    path = Path(conf) / f"{config_name}.yaml"
+    ours = config_dir() / f"{CONFIG_NAME}.yaml"
+    if not path.is_file() or path.resolve() == ours.resolve():
+        return []
+    saved = OmegaConf.load(path)
+    if "defaults" in saved or "hydra" in saved:
+        return []
+    primary = OmegaConf.load(ours)
+    out = [] if searchpath_of(list(given)) else [f"hydra.searchpath=[{search_entry(config_dir())}]"]
+    for entry in primary.defaults:
+        for key, option in entry.items() if not isinstance(entry, str) else ():
+            if key.startswith("override hydra/"):
+                out.append(f"{key.removeprefix('override ')}={option}")
+    settings = flatten(OmegaConf.to_container(primary.hydra, resolve=False), "hydra.")
+    out += [f"{key}={_quoted(value)}" for key, value in settings.items()]
+    taken = {_key(o) for o in given}
+    return [o for o in out if _key(o) not in taken]
+
+
+def _quoted(value: str) -> str:
+    """A value as Hydra's override grammar reads it back (interpolations kept)."""
+    if re.fullmatch(r"[\w./-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 # A builder's free-form settings (e.g. ``model.args`` of model=timm) take keys no YAML file
 # lists: ``model.args.drop_rate=0.1`` is written without Hydra's ``+`` and means "add or set".
 _FREE_FORM = re.compile(rf"^({'|'.join(COMPONENTS)})\.args\.[\w.]+=")
