@@ -10,6 +10,7 @@ missing, or fails it where ``AMPSWEEP_REQUIRE_TOOLS`` asks for that tool (CI set
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -48,6 +49,11 @@ def pytest_collection_modifyitems(config, items):
         # One SLURM cluster per test process: with parallel workers, keep its tests on one.
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm_cluster"))
+    # Modules with slow end-to-end tests first (each module kept whole, so its module-scoped
+    # fixtures are built once): the two workers then start on the long tests and finish on
+    # the short ones, instead of one worker still running a 50 s test while the other idles.
+    slow_modules = {getattr(item, "module", None) for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: getattr(item, "module", None) not in slow_modules)
 
 
 # ---------------------------------------------------------------- isolation of every test
@@ -88,10 +94,12 @@ def _restore_torch_flags(flags: dict) -> None:
 def isolated(tmp_path: Path):
     """Run the test in its own temporary folder (Hydra's run dirs, outputs/ and checkpoints of
     in-process jobs land there), then restore the environment, torch's global flags and the
-    SIGTERM/SIGINT handlers."""
+    SIGTERM/SIGINT handlers and the root logger's handlers."""
     cwd, env = os.getcwd(), os.environ.copy()
     flags = _torch_flags()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # A handler added to the root logger would hold this test's captured stderr, closed after it.
+    root_handlers = list(logging.getLogger().handlers)
     for name in FOREIGN_ENV:
         os.environ.pop(name, None)
     os.chdir(tmp_path)
@@ -104,6 +112,7 @@ def isolated(tmp_path: Path):
         _restore_torch_flags(flags)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        logging.getLogger().handlers[:] = root_handlers
         if "mlflow" in sys.modules:  # a test that used MLflow's fluent API
             import mlflow
 
