@@ -49,11 +49,6 @@ def pytest_collection_modifyitems(config, items):
         # One SLURM cluster per test process: with parallel workers, keep its tests on one.
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm_cluster"))
-    # Modules with slow end-to-end tests first (each module kept whole, so its module-scoped
-    # fixtures are built once): the two workers then start on the long tests and finish on
-    # the short ones, instead of one worker still running a 50 s test while the other idles.
-    slow_modules = {getattr(item, "module", None) for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: getattr(item, "module", None) not in slow_modules)
 
 
 # ---------------------------------------------------------------- isolation of every test
