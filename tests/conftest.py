@@ -51,6 +51,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("slurm_cluster"))
 
 
+def pytest_configure(config):
+    """``--dist loadgroup`` (scripts/test.sh) needs pytest < 9.2: pytest-xdist 3.8 marks a
+    grouped test by rewriting a node id field that pytest 9.2 no longer reads, so every
+    xdist_group mark is silently ignored (pytest-dev/pytest-xdist#1386) and each worker builds
+    the shared fixtures (the sweep, the browser, the SLURM cluster) again."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    import xdist
+
+    fixed = tuple(int(p) for p in xdist.__version__.split(".")[:3] if p.isdigit()) > (3, 8, 0)
+    if pytest.version_tuple[:2] >= (9, 2) and not fixed:
+        raise pytest.UsageError(
+            f"--dist loadgroup: pytest {pytest.__version__} with pytest-xdist "
+            f"{xdist.__version__} ignores xdist_group marks (pytest-dev/pytest-xdist#1386): "
+            "run scripts/setup_venv.sh dev, which installs pytest<9.2"
+        )
+
+
 # ---------------------------------------------------------------- isolation of every test
 
 
