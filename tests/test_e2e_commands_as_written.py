@@ -45,6 +45,10 @@ def test_run_folder_is_time_mode_model_data_and_a_relative_config_path_reruns_it
     assert re.fullmatch(r"\d\d-\d\d-\d\d-fp32-mlp-digits", rerun_dir.name), rerun_dir.name
     assert list(tmp_path.rglob("*.log")) == []
     assert logging.getLogger().handlers == handlers
+    # a group option of ampsweep's, added to the saved config with + (it has no defaults list)
+    assert cli.main([*args, "+precision=bf16", "tracking.run_name=bf16"]) == 0
+    bf16 = next(r for r in _runs(store) if r.info.run_name == "bf16")
+    assert bf16.data.tags["precision"] == "bf16"
 
 
 def test_a_ddp_config_error_is_one_line_and_exit_2(tmp_path):
