@@ -59,9 +59,10 @@ def pytest_configure(config):
     if getattr(config.option, "dist", "no") != "loadgroup":
         return
     import xdist
+    from packaging.version import Version
 
-    fixed = tuple(int(p) for p in xdist.__version__.split(".")[:3] if p.isdigit()) > (3, 8, 0)
-    if pytest.version_tuple[:2] >= (9, 2) and not fixed:
+    new_ids = Version(pytest.__version__) >= Version("9.2")
+    if new_ids and Version(xdist.__version__) <= Version("3.8.0"):
         raise pytest.UsageError(
             f"--dist loadgroup: pytest {pytest.__version__} with pytest-xdist "
             f"{xdist.__version__} ignores xdist_group marks (pytest-dev/pytest-xdist#1386): "

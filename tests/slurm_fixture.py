@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -71,12 +70,7 @@ def wait_for(what: str, check, timeout: float = 30, poll: float = 0.2):
 def job_state(cluster, job_id: str) -> dict[str, str]:
     """``scontrol show job`` as a dict (no slurmdbd here, so no sacct; finished jobs stay
     visible for MinJobAge)."""
-    proc = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], env={**os.environ, **cluster.env},
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"scontrol show job {job_id} failed: {proc.stderr}"
-    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+    return dict(re.findall(r"(\w+)=(\S*)", cluster.run("scontrol", "show", "job", "-o", job_id)))
 
 
 def wait_state(cluster, job_id: str, state: str, timeout: float = 30) -> dict[str, str]:

@@ -15,21 +15,8 @@ from slurm_fixture import slurm_cluster, wait_for, wait_state  # noqa: F401  (th
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
-def _run(cluster, *args: str, cwd: Path | None = None) -> str:
-    proc = subprocess.run(
-        list(args),
-        env={**os.environ, **cluster.env},
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert proc.returncode == 0, f"{args} failed: {proc.stderr}"
-    return proc.stdout
-
-
 def _sbatch(cluster, cwd: Path, *args: str) -> str:
-    out = _run(cluster, "sbatch", "--parsable", f"--chdir={cwd}", "-o", "slurm-%j.out", *args)
+    out = cluster.run("sbatch", "--parsable", f"--chdir={cwd}", "-o", "slurm-%j.out", *args)
     return out.strip().split(";")[0]
 
 
@@ -44,7 +31,7 @@ def _alive(pid: int) -> bool:
 
 def test_sinfo_shows_one_idle_node_in_the_debug_partition(slurm_cluster):  # noqa: F811
     def node():
-        lines = _run(slurm_cluster, "sinfo", "-h", "-N", "-o", "%N|%t|%c|%P").split()
+        lines = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N|%t|%c|%P").split()
         return lines if len(lines) == 1 and lines[0].split("|")[1] == "idle" else None
 
     name, state, cpus, partition = wait_for("one idle node", node)[0].split("|")
@@ -59,7 +46,7 @@ def test_batch_job_writes_a_file_and_completes(slurm_cluster, tmp_path):  # noqa
     assert (tmp_path / "out.txt").read_text().strip() == f"done-{job}"
     # No slurmdbd: only the job-completion log answers sacct, and only with --completion.
     sacct = ["sacct", "--completion", "-n", "--parsable2", "-o", "JobID,State", "-j", job]
-    wait_for("sacct --completion", lambda: f"{job}|COMPLETED" in _run(slurm_cluster, *sacct))
+    wait_for("sacct --completion", lambda: f"{job}|COMPLETED" in slurm_cluster.run(*sacct))
 
 
 def test_srun_launches_two_tasks_with_ranks_0_and_1(slurm_cluster, tmp_path):  # noqa: F811
@@ -80,7 +67,7 @@ def test_scancel_ends_a_running_job_as_cancelled(slurm_cluster, tmp_path):  # no
     job = _sbatch(slurm_cluster, tmp_path, "--wrap", "touch started; sleep 300")
     wait_state(slurm_cluster, job, "RUNNING")
     wait_for("the batch script to start", lambda: (tmp_path / "started").exists())
-    _run(slurm_cluster, "scancel", job)
+    slurm_cluster.run("scancel", job)
     wait_state(slurm_cluster, job, "CANCELLED")
 
 
@@ -101,7 +88,7 @@ def test_usr1_trap_requeues_the_job_and_it_runs_again(slurm_cluster, tmp_path): 
     runs = tmp_path / "runs.txt"
     wait_for("the first run to start", lambda: runs.exists())
     # --batch: signal only the batch shell (like --signal=B:USR1@N does before a time limit).
-    _run(slurm_cluster, "scancel", "--signal=USR1", "--batch", job)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
     # A requeued job is held for cred_expire (5 s in this cluster's config) before restarting.
     info = wait_state(slurm_cluster, job, "COMPLETED", timeout=45)
     assert runs.read_text().split() == ["0", "requeue", "1"]
@@ -130,4 +117,4 @@ def test_cli_runs_a_second_cluster_beside_the_first_and_stops_it_cleanly(
     finally:
         subprocess.run([*cli, "stop", str(folder)], capture_output=True, timeout=60)
     assert not [p for p in pids if _alive(p)]
-    assert _run(slurm_cluster, "sinfo", "-h", "-o", "%t").strip() == "idle"  # first one unhurt
+    assert slurm_cluster.run("sinfo", "-h", "-o", "%t").strip() == "idle"  # first one unhurt
