@@ -244,3 +244,28 @@ def test_a_resumed_run_continues_its_system_metrics_and_keeps_its_params(store):
     again.end(mlflow_store.FINISHED)
     history = r.client.get_metric_history(r.run_id, "system/cpu_utilization_percentage")
     assert sorted(m.step for m in history) == [0, 1]
+
+
+def test_jobs_logging_the_same_data_set_at_once_both_record_it(store, monkeypatch):
+    # The race of a sweep's concurrent jobs, made to happen every time: another job inserts the
+    # data set after this one looked for it and before it inserts it.
+    from sqlalchemy.orm import Session
+
+    first, other = _recorder(store), _recorder(store)
+    inputs = [_input("train", "aaaa"), _input("val", "bbbb")]
+    add_all, raced = Session.add_all, []
+
+    def add_all_after_the_other_job(session, objects):
+        if not raced:
+            raced.append(True)
+            other.log_inputs(inputs)
+        return add_all(session, objects)
+
+    monkeypatch.setattr(Session, "add_all", add_all_after_the_other_job)
+    first.log_inputs(inputs)
+    assert raced
+    for r in (first, other):
+        got = r.client.get_run(r.run_id).inputs.dataset_inputs
+        assert sorted((d.dataset.name, d.dataset.digest) for d in got) == [
+            ("toy-train", "aaaa"), ("toy-val", "bbbb")]  # fmt: skip
+        r.end(mlflow_store.FINISHED)

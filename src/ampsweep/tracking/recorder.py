@@ -262,8 +262,15 @@ class MlflowRecorder:
             context = CONTEXTS[d.split]
             records.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
             self._inputs[d.split] = (d.name, d.digest)
-        if records:
-            self.client.log_inputs(self.run_id, datasets=records)
+        # The jobs of a sweep log the same data sets at once, and MLflow looks for a data set
+        # before inserting it: a job that loses that race gets a unique-constraint error.
+        for attempt in (1, 2, 3) if records else ():
+            try:
+                self.client.log_inputs(self.run_id, datasets=records)
+                return
+            except Exception as err:
+                if attempt == 3 or not store.lost_a_race(err):
+                    raise
 
     # ------------------------------------------------------------ system metrics
 

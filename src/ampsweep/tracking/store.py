@@ -283,6 +283,14 @@ def fp8_tags(converted: list[str], kept: list[str], emulated: bool) -> dict[str,
     }
 
 
+def lost_a_race(err: BaseException) -> bool:
+    """Whether a write failed because a concurrent writer inserted the same row between the
+    store's check for it and its insert (SQLite, PostgreSQL, or either behind a server): the
+    write rolled back whole, and writing again finds that row."""
+    text = str(err)
+    return "UNIQUE constraint failed" in text or "violates unique constraint" in text
+
+
 def one_line(err: BaseException) -> str:
     """An exception as the one line recorded in the ``error`` tag and printed."""
     text = " ".join(str(err).split()) or type(err).__name__
