@@ -80,3 +80,8 @@ def test_the_server_keeps_artifacts_beside_the_store(tmp_path):
     cmd = ui.server_command(f"sqlite:///{tmp_path / 'mlflow.db'}", "127.0.0.1", 5001)
     assert cmd[cmd.index("--artifacts-destination") + 1] == (tmp_path / "mlartifacts").as_uri()
     assert cmd[cmd.index("--port") + 1] == "5001" and "--workers" in cmd
+
+
+def test_mlflows_genai_job_runner_is_off_unless_the_user_turns_it_on():
+    assert ui.server_env({"PATH": "/bin"}) == {"PATH": "/bin", ui.JOB_EXECUTION: "false"}
+    assert ui.server_env({ui.JOB_EXECUTION: "true"})[ui.JOB_EXECUTION] == "true"

@@ -60,6 +60,13 @@ def test_ui_binds_localhost_and_links_the_classic_runs_view(served):
     with urllib.request.urlopen(f"http://127.0.0.1:{served['port']}/", timeout=30) as r:
         assert r.status == 200
         assert "<html" in r.read().decode().lower()
+    # the server alone: MLflow's GenAI job runner and its worker processes are not started
+    import psutil
+
+    tree = psutil.Process(served["proc"].pid).children(recursive=True)
+    commands = [" ".join(p.cmdline()) for p in tree]
+    assert any("mlflow" in c and "server" in c for c in commands), commands
+    assert not any("mlflow.server.jobs" in c or "huey" in c for c in commands), commands
 
 
 def test_rest_search_returns_the_sweeps_runs(served):

@@ -22,6 +22,10 @@ from ampsweep.app import console
 from ampsweep.tracking import store
 
 STARTUP_TIMEOUT_S = 120  # mlflow server imports a lot; on a loaded 2-core machine it is slow
+# MLflow 3's server also starts a job runner for its GenAI features (LLM judges, prompt
+# optimisation): eight more Python processes, about 2 GB of memory and 10 s of CPU at every
+# start, which training runs never use. Off unless the user's environment turns it on.
+JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 
 
 class UIError(Exception):
@@ -85,6 +89,13 @@ def server_command(
     return cmd
 
 
+def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ours, with MLflow's job runner off unless set there."""
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault(JOB_EXECUTION, "false")
+    return env
+
+
 def wait_until_up(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -145,7 +156,9 @@ def serve(
     console.console.print(f"Starting the MLflow UI on {host}:{port} for {store.describe(uri)} ...")
     with open(log, "w") as out:
         command = server_command(uri, host, port, allowed_hosts, cors)
-        proc = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=out, start_new_session=True, env=server_env()
+        )
     # `kill PID` (SIGTERM) must stop the server too, not leave it orphaned.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
