@@ -1,14 +1,13 @@
-"""No secret reaches the store: the real CLI, a single run and a sweep, with a secret in the
-environment and typed into an override, then every run name, param, tag, metric name and
-artifact file in the store is searched for it, and so are the store's own files and the
-checkpoints."""
+"""No secret reaches the store: the CLI (in this process), a single run and a sweep, with a
+secret in the environment and typed into an override, then every run name, param, tag, metric
+name and artifact file in the store is searched for it, and so are the store's own files and
+the checkpoints."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from ampsweep.tracking import store
 
@@ -58,23 +57,15 @@ def files_holding_the_secret(*roots: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_no_secret_reaches_the_store_from_a_run_or_a_sweep(tmp_path, store_uri):
-    env = {"MY_API_TOKEN": SECRET}
-    single = run_cli(
-        ["train", *TINY, f"tracking.run_name=run-{SECRET}", f"tracking.uri={store_uri}",
-         "trainer.checkpoint_every=2"],
-        tmp_path,
-        env=env,
-    )  # fmt: skip
-    assert single.returncode == 0, single.stderr[-3000:]
-    sweep = run_cli(
-        ["train", "-m", "precision=fp32,bf16", *TINY, f"tracking.uri={store_uri}",
-         "tracking.run_name=job-${oc.env:MY_API_TOKEN}"],
-        tmp_path,
-        env=env,
-    )  # fmt: skip
-    assert sweep.returncode == 0, sweep.stderr[-3000:]
-    assert "Findings" in sweep.stdout  # the report was made (and logged to the parent)
+def test_no_secret_reaches_the_store_from_a_run_or_a_sweep(tmp_path, store_uri, main, monkeypatch):
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    single = main("train", *TINY, f"tracking.run_name=run-{SECRET}", f"tracking.uri={store_uri}",
+                  "trainer.checkpoint_every=2")  # fmt: skip
+    assert single.code == 0, single.err[-3000:]
+    sweep = main("train", "-m", "precision=fp32,bf16", *TINY, f"tracking.uri={store_uri}",
+                 "tracking.run_name=job-${oc.env:MY_API_TOKEN}")  # fmt: skip
+    assert sweep.code == 0, sweep.err[-3000:]
+    assert "Findings" in sweep.out  # the report was made (and logged to the parent)
 
     found, n_runs, n_files = leaks(store_uri)
     assert found == []
@@ -87,8 +78,8 @@ def test_no_secret_reaches_the_store_from_a_run_or_a_sweep(tmp_path, store_uri):
     assert files_holding_the_secret(store.sqlite_path(store_uri)) == []
     assert files_holding_the_secret(outputs / "mlartifacts", outputs / "checkpoints") == []
     # ... and the console did not show it.
-    for proc in (single, sweep):
-        assert SECRET not in proc.stdout + proc.stderr
+    for res in (single, sweep):
+        assert SECRET not in res.out + res.err
     # The typed override did reach the run (masked), so the search above had something to find.
     client = store.client_for(store_uri)
     names = {r.info.run_name for r in client.search_runs(["1"], max_results=100)}

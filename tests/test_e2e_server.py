@@ -1,5 +1,6 @@
 """A shared tracking server: a real ``mlflow server`` on loopback (SQLite, and PostgreSQL from
-Debian's postgresql package, required in CI), with artifacts served over HTTP."""
+Debian's postgresql package, required in CI), with artifacts served over HTTP. The commands run
+in this process (``app.cli.main``): the server is the other side of the wire."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from glob import glob
 from pathlib import Path
 
 import pytest
-from conftest import free_port, mlflow_server, require_tool, run_cli
+from conftest import free_port, mlflow_server, require_tool
 
 TINY = [
     "model=mlp",
@@ -37,12 +38,10 @@ def _read_back(url: str):
 
 
 @pytest.mark.slow
-def test_sweep_over_http_with_served_artifacts(tmp_path):
+def test_sweep_over_http_with_served_artifacts(tmp_path, main):
     with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path) as url:
-        proc = run_cli(
-            ["train", "-m", *TINY, "precision=fp32,bf16", f"tracking.uri={url}"], tmp_path
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        res = main("train", "-m", *TINY, "precision=fp32,bf16", f"tracking.uri={url}")
+        assert res.code == 0, res.err[-3000:]
         client, runs = _read_back(url)
         parent = next(r for r in runs if r.data.tags.get("ampsweep.sweep") == "true")
         kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
@@ -116,10 +115,10 @@ def postgres():
 
 
 @pytest.mark.slow
-def test_server_with_postgresql_backend(tmp_path):
+def test_server_with_postgresql_backend(tmp_path, main):
     with postgres() as db, mlflow_server(db, tmp_path) as url:
-        proc = run_cli(["train", *TINY, f"tracking.uri={url}"], tmp_path)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        res = main("train", *TINY, f"tracking.uri={url}")
+        assert res.code == 0, res.err[-3000:]
         client, runs = _read_back(url)
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         run = runs[0]
