@@ -3,6 +3,8 @@ known batch size: every try is a real training step until the injected limit."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -50,6 +52,7 @@ def test_the_search_finds_the_injected_limit_with_real_steps(setup):
     assert all(p.grad is None for p in setup.model.parameters())  # nothing left behind
     after = list(setup.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))  # real steps
+    assert gc.get_freeze_count() == 0  # the objects frozen for the search are collectable again
 
 
 def test_any_other_error_is_not_taken_for_out_of_memory(setup):
