@@ -3,6 +3,7 @@ one-line errors (in this process: ``cli.main``)."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -105,3 +106,16 @@ def test_the_program_settles_threads_exit_handlers_and_output_before_it_ends(tmp
     assert (tmp_path / "atexit").read_text() == "ran"
     assert {p.name for p in tmp_path.iterdir()} == {"thread", "atexit"}  # the temp folder is gone
     assert "Traceback" not in res.stderr
+
+
+def test_a_training_command_imports_its_modules_first_and_freezes_them():
+    gc.unfreeze()  # what this test process froze after collection
+    try:
+        for argv in (["report"], ["ui"], ["train", "--help"], []):
+            cli.preload(argv)
+            assert gc.get_freeze_count() == 0, argv
+        cli.preload(["train", "precision=bf16"])
+        assert gc.isenabled() and set(cli.PRELOAD) <= set(sys.modules)
+        assert gc.get_freeze_count() > 100_000  # torch, MLflow, Hydra: no collection scans them
+    finally:
+        gc.freeze()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
+import importlib
 import os
 import sys
 import threading
@@ -148,6 +150,30 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
 
 
+# What the commands that train import: torch with its compiler (the optimizer imports it),
+# MLflow's store, Hydra. While they import, Python runs full garbage collections over the
+# growing heap that find nothing: about 1.2 s of the 5.5 s of CPU of a default `ampsweep train`
+# on 2 cores. Imported up front with the collector off, then frozen, no collection scans them.
+TRAINING_COMMANDS = ("train", "reproduce", "capacity")
+PRELOAD = (
+    "torch", "torch._dynamo", "hydra", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
+    "ampsweep.engine.components", "ampsweep.tracking.sweep", "ampsweep.app.job",
+)  # fmt: skip
+
+
+def preload(argv: list[str]) -> None:
+    """Import what a training command needs with the garbage collector off, then freeze it."""
+    if not argv or argv[0] not in TRAINING_COMMANDS or {"-h", "--help", "--usage"} & set(argv):
+        return
+    gc.disable()
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def run() -> None:
     """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``,
     then the interpreter's own way out minus its teardown.
@@ -162,6 +188,7 @@ def run() -> None:
     the same way, for the same reason). An exception or SystemExit from ``main()`` takes
     Python's usual way out.
     """
+    preload(sys.argv[1:])
     code = main()
     threading._shutdown()  # what the interpreter calls first at exit  # noqa: SLF001
     atexit._run_exitfuncs()  # noqa: SLF001
