@@ -111,7 +111,7 @@ def test_the_program_settles_threads_exit_handlers_and_output_before_it_ends(tmp
 def test_a_training_command_imports_its_modules_first_and_freezes_them():
     gc.unfreeze()  # what this test process froze after collection
     try:
-        for argv in (["report"], ["ui"], ["train", "--help"], []):
+        for argv in (["report"], ["ui"], ["train", "--help"], ["train", "--cfg", "job"], []):
             cli.preload(argv)
             assert gc.get_freeze_count() == 0, argv
         cli.preload(["train", "precision=bf16"])

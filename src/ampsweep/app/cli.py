@@ -163,7 +163,11 @@ PRELOAD = (
 
 def preload(argv: list[str]) -> None:
     """Import what a training command needs with the garbage collector off, then freeze it."""
-    if not argv or argv[0] not in TRAINING_COMMANDS or {"-h", "--help", "--usage"} & set(argv):
+    if not argv or argv[0] not in TRAINING_COMMANDS or "--usage" in argv:
+        return
+    from ampsweep.config.compose import HYDRA_INFO_FLAGS
+
+    if HYDRA_INFO_FLAGS & set(argv):  # printing the config or a help trains nothing
         return
     gc.disable()
     try:

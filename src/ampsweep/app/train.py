@@ -22,10 +22,6 @@ HYDRA_FLAGS_WITH_VALUE = {
     "--cfg", "-c", "--package", "-p", "--experimental-rerun", "--shell-completion", "-sc",
     "--info", "-i",
 }  # fmt: skip
-HYDRA_INFO_FLAGS = {
-    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
-    "--shell-completion", "-sc", "--experimental-rerun", "--resolve",
-}  # fmt: skip
 
 TRAIN_HELP = """\
 usage: ampsweep train [-m] [GROUP=OPTION | KEY=VALUE ...] [Hydra flags]
@@ -95,7 +91,11 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     if args and args[0] in ("--usage",):
         print(TRAIN_HELP)
         return 0
-    from ampsweep.config.compose import normalise_overrides, saved_config_overrides
+    from ampsweep.config.compose import (
+        HYDRA_INFO_FLAGS,
+        normalise_overrides,
+        saved_config_overrides,
+    )
     from ampsweep.engine import distributed
 
     command = command or CommandContext()

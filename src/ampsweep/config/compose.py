@@ -37,6 +37,11 @@ from ampsweep.config.schema import (
 )
 
 CONFIG_NAME = "config"
+# Hydra's flags that print something (the config, help, completion) and train nothing
+HYDRA_INFO_FLAGS = {
+    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
+    "--shell-completion", "-sc", "--experimental-rerun", "--resolve",
+}  # fmt: skip
 META = (*(f for f in COMPONENT_META if f != "name"),)  # "name" is shown with the shared keys
 
 
