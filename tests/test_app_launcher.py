@@ -6,9 +6,12 @@ in a real (SQLite) MLflow store."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli_env
 from hydra.core.utils import JobReturn, JobStatus
 from mlflow import MlflowClient
 
@@ -195,3 +198,23 @@ def test_squeue_is_asked_less_often_as_the_wait_grows(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm, "job_states", script.job_states)
     launcher.wait([t], None, script.clock, script.sleep)
     assert 20 <= script.queries <= 60  # not 600: every 2 s at first, at most every 30 s later
+
+
+HELP_THEN_SWEEP = """
+import sys
+from ampsweep.app import cli
+assert cli.main(["train", "--help"]) == 0
+sys.exit(cli.main(["train", "-m", "precision=fp32,bf16", *sys.argv[1:]]))
+"""
+
+
+def test_a_sweep_after_train_help_in_one_process_starts_its_sweeper(tmp_path):
+    # A new process, where Hydra has not scanned for plugins yet: `train --help` is the first
+    # to register ampsweep's sweeper (the scan runs Hydra's own plugin modules again). As
+    # installed (editable: Hydra's scan does not see ampsweep's plugins), not from PYTHONPATH.
+    env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
+    args = ["model=mlp", "trainer.max_steps=2", "trainer.epochs=1", "tracking=none"]
+    proc = subprocess.run([sys.executable, "-c", HELP_THEN_SWEEP, *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fp32-mlp-digits" in proc.stdout and "bf16-mlp-digits" in proc.stdout

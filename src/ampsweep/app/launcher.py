@@ -287,13 +287,17 @@ def register() -> None:
     (importing works); a wheel install is found both ways."""
     from hydra.core.plugins import Plugins
 
+    # Hydra's first scan for plugins executes its own plugin modules again (BasicSweeper is
+    # then a new class), so it must come before ours subclass them: else, where nothing has
+    # scanned yet (`train --help` before a sweep in one process), the sweeper cannot start.
+    plugins = Plugins.instance()
     from hydra_plugins.ampsweep_launcher import sweeper
 
-    Plugins.instance().register(sweeper.AmpsweepSweeper)
+    plugins.register(sweeper.AmpsweepSweeper)
     try:
         from hydra_plugins.ampsweep_launcher import submitit_launcher
     except ImportError:
         return
     cls = getattr(submitit_launcher, "SlurmLauncher", None)
     if cls is not None:  # None: the cluster extra is not installed
-        Plugins.instance().register(cls)
+        plugins.register(cls)
