@@ -43,7 +43,13 @@ class InjectedDevice:
 def test_the_search_finds_the_injected_limit_with_real_steps(setup):
     device = InjectedDevice(largest=37)
     before = [p.detach().clone() for p in setup.model.parameters()]
-    found = capacity.largest_batch(setup, limit=1000, step=device.step, free=device.free)
+    gc.unfreeze()  # what this test process froze after collection
+    try:
+        found = capacity.largest_batch(setup, limit=1000, step=device.step, free=device.free)
+        # the objects frozen for the search are collectable again
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.freeze()
     assert found.largest == 37 and found.first_failure == 38
     # a one-sample step first (the optimizer's state), then from trainer.batch_size=16
     assert device.tries == [1, 16, 32, 64, 48, 40, 36, 38, 37]
@@ -52,7 +58,6 @@ def test_the_search_finds_the_injected_limit_with_real_steps(setup):
     assert all(p.grad is None for p in setup.model.parameters())  # nothing left behind
     after = list(setup.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))  # real steps
-    assert gc.get_freeze_count() == 0  # the objects frozen for the search are collectable again
 
 
 def test_any_other_error_is_not_taken_for_out_of_memory(setup):
@@ -65,8 +70,10 @@ def test_any_other_error_is_not_taken_for_out_of_memory(setup):
 
 def test_nothing_fits(setup):
     device = InjectedDevice(largest=0)
+    assert gc.get_freeze_count() > 0  # this test process froze its imports after collection
     found = capacity.largest_batch(setup, limit=100, step=device.step, free=device.free)
     assert found.largest == 0 and device.tries == [1]
+    assert gc.get_freeze_count() > 0  # what was frozen before the search stays so
 
 
 def test_batches_repeat_the_real_samples(setup):

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # What the commands that train import: torch with its compiler (the optimizer imports it),
 # MLflow's store, Hydra. While they import, Python runs full garbage collections over the
-# growing heap that find nothing: about 1.2 s of the 5.5 s of CPU of a default `ampsweep train`
+# growing heap that find nothing: about 1.1 s of the 5.5 s of CPU of a default `ampsweep train`
 # on 2 cores. Imported up front with the collector off, then frozen, no collection scans them.
 TRAINING_COMMANDS = ("train", "reproduce", "capacity")
 PRELOAD = (

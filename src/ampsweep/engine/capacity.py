@@ -80,7 +80,10 @@ def largest_batch(
     probe = Probe(setup, step, free)
     # What exists before the search (modules, the model, the data) is no try's garbage: frozen,
     # the collection after every try skips it (else 0.3-0.5 s a try, once torch, MLflow and
-    # Hydra are imported).
+    # Hydra are imported). Unfrozen after, unless the program had frozen its imports before
+    # (`ampsweep capacity`): then the model and data stay frozen until it ends, which only
+    # keeps the cycle collector from scanning them (reference counting still frees them).
+    frozen_before = gc.get_freeze_count() > 0
     gc.freeze()
     try:
         if not probe(1):
@@ -88,7 +91,8 @@ def largest_batch(
         start = min(setup.cfg.trainer.batch_size, limit)
         return capacity.search(probe, start, limit)
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 def prediction(setup: Setup, budget: float | None) -> dict[str, float]:
