@@ -18,8 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,21 +173,17 @@ def mlflow_server(backend_uri: str, folder: Path):
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1", "--backend-store-uri", backend_uri,
            "--serve-artifacts", "--artifacts-destination", str(folder / "artifacts")]  # fmt: skip
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # as `ampsweep ui` does
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder, env=env)
+    # the environment and the wait of `ampsweep ui`'s own server (no GenAI job runner)
+    from ampsweep.app import ui
+
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+                            env=ui.server_env())  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(
-                        "mlflow server did not start:\n" + (folder / "server.log").read_text()
-                    )
-                time.sleep(0.5)
+        try:
+            ui.wait_until_up(url, proc, 120, folder / "server.log")
+        except ui.UIError as err:
+            pytest.fail(f"{err}:\n" + (folder / "server.log").read_text())
         yield url
     finally:
         proc.terminate()

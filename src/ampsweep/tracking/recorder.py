@@ -262,9 +262,11 @@ class MlflowRecorder:
             context = CONTEXTS[d.split]
             records.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
             self._inputs[d.split] = (d.name, d.digest)
+        if not records:
+            return
         # The jobs of a sweep log the same data sets at once, and MLflow looks for a data set
         # before inserting it: a job that loses that race gets a unique-constraint error.
-        for attempt in (1, 2, 3) if records else ():
+        for attempt in (1, 2, 3):
             try:
                 self.client.log_inputs(self.run_id, datasets=records)
                 return
