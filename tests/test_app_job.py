@@ -16,6 +16,7 @@ from conftest import all_runs, resumable
 from ampsweep.app import job
 from ampsweep.config import compose as config
 from ampsweep.engine import checkpoint, loop
+from ampsweep.engine.loop import TrainState
 from ampsweep.tracking import store
 
 METRICS_CPU = {
@@ -265,9 +266,9 @@ def test_the_test_hook_signals_only_the_job_it_names(monkeypatch):
     sent = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
     for num in (0, 1, None):
-        stop = job.StopRequest.for_job(num, rank=0)
-        for step in range(1, 10):
-            stop.after_step(step)
+        for callback in job.SignalAtStep.for_job(num, rank=0):
+            for step in range(1, 10):
+                callback.after_step(TrainState(step=step))
     assert sent == [(os.getpid(), signal.SIGTERM)]  # job 1 at step 6, once
 
 

@@ -119,36 +119,13 @@ class StopRequest:
     job resumes the run from the checkpoint. Only rank 0 takes it, as only rank 0 requeues.
     """
 
-    def __init__(
-        self,
-        requeue_signal: signal.Signals | None = None,
-        signal_at: tuple[int, signal.Signals] | None = None,
-    ) -> None:
+    def __init__(self, requeue_signal: signal.Signals | None = None) -> None:
         self.requested = False
         self.requeue = False  # the scheduler will stop the job: checkpoint and requeue
         self.deferring = False
         self.requeue_signal = requeue_signal
-        self.signal_at = signal_at  # (step, signal) of the test hook, if set for this job
         self._previous: dict = {}
         self._submitit_handler = None
-
-    @classmethod
-    def for_job(
-        cls, job_num: int | None, rank: int, requeue_signal: signal.Signals | None = None
-    ) -> StopRequest:
-        """A stop request with the test hook of SIGNAL_AT_STEP, if it names this job."""
-        value = os.environ.get(SIGNAL_AT_STEP)
-        if not value:
-            return cls(requeue_signal)
-        step, sig, whom = signal_at_step(value)
-        if whom.get("job", job_num) != job_num or whom.get("rank", rank) != rank:
-            return cls(requeue_signal)
-        return cls(requeue_signal, signal_at=(step, sig))
-
-    def after_step(self, step: int) -> None:
-        """Called by the training loop after every optimizer step."""
-        if self.signal_at and step == self.signal_at[0]:
-            os.kill(os.getpid(), self.signal_at[1])
 
     def install(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
@@ -203,6 +180,31 @@ class StopRequest:
             yield
         finally:
             self.deferring = before
+
+
+class SignalAtStep:
+    """The training loop callback of SIGNAL_AT_STEP: send ``sig`` to this process right after
+    optimizer step ``step``."""
+
+    def __init__(self, step: int, sig: signal.Signals):
+        self.step, self.sig = step, sig
+
+    def before_update(self, view) -> None: ...
+
+    def after_step(self, state) -> None:
+        if state.step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+    @classmethod
+    def for_job(cls, job_num: int | None, rank: int) -> list[SignalAtStep]:
+        """The callback SIGNAL_AT_STEP asks for, if it names this job and rank."""
+        value = os.environ.get(SIGNAL_AT_STEP)
+        if not value:
+            return []
+        step, sig, whom = signal_at_step(value)
+        if whom.get("job", job_num) != job_num or whom.get("rank", rank) != rank:
+            return []
+        return [cls(step, sig)]
 
 
 def signal_at_step(value: str) -> tuple[int, signal.Signals, dict[str, int]]:
@@ -277,7 +279,9 @@ class Job:
         self.name = "job"
         self.recorder = NullRecorder()
         requeue = slurm.requeue_signal() if rank.is_main else None
-        self.stop = StopRequest.for_job(ctx.job_num, rank.rank, requeue)
+        self.stop = StopRequest(requeue)
+        self.callbacks = SignalAtStep.for_job(ctx.job_num, rank.rank)
+        self.setup = None  # once built: what the run's end records of its numerics
 
     # ---------------------------------------------------------------- the phases
 
@@ -339,7 +343,7 @@ class Job:
             if self.rank.enabled:
                 distributed.init(self.rank, select_device(cfg.trainer.device).type)
             try:
-                setup = build(cfg)
+                setup = self.setup = build(cfg)
             except ConfigError as err:
                 refusal = err
         if refusal and not (self.tracked and self.sweep):
@@ -426,7 +430,10 @@ class Job:
             console.console.print(f"checkpoints: {folder}")
         progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
         with self.stop.deferred():  # a signal during training stops at a step boundary
-            return fit(setup, recorder.log_metrics, progress, state, checkpoints, self.stop)
+            return fit(
+                setup, recorder.log_metrics, progress, state, checkpoints, self.stop,
+                self.callbacks,
+            )  # fmt: skip
 
     def close(self, setup, summary: dict) -> JobOutcome:
         final_step = int(summary["train/steps"])
@@ -437,6 +444,7 @@ class Job:
         )
         recorder.stop_system_metrics()  # the machine's load from here on is not this training's
         model = None
+        self._record_numerics(setup)
         if recorder.run_id is not None:
             recorder.log_json(summary, "summary.json")
             setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
@@ -456,6 +464,7 @@ class Job:
             if model is not None:
                 where += f"; model runs:/{recorder.run_id}/{store.MODEL_NAME}"
         console.print_summary(f"{self.name} finished", summary, where)
+        self._say_numerics(setup)
         finish = partial(self._finish, recorder, model, final_step, setup.cfg, outcome)
         self.command.closer.submit(finish)  # now, or while the next job of a sweep trains
         return outcome
@@ -485,6 +494,30 @@ class Job:
 
     # ---------------------------------------------------------------- helpers
 
+    def _record_numerics(self, setup) -> None:
+        """Where the run's first non-finite value began: tags, an artifact, a metric."""
+        origin = setup.locator.origin
+        if origin is None or self.recorder.run_id is None:
+            return
+        import tempfile
+
+        self.recorder.set_tags(origin.tags())
+        self.recorder.log_metrics(
+            {"numerics/nonfinite_steps": float(setup.locator.nonfinite_steps)}, origin.step
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            self.recorder.log_artifact(origin.write(Path(tmp)), "numerics")
+
+    def _say_numerics(self, setup) -> None:
+        origin = setup.locator.origin
+        if origin is None:
+            return
+        fix = origin.fix()
+        console.note(
+            f"{self.name}: {setup.locator.nonfinite_steps} non-finite step(s); "
+            f"{origin.sentence()}" + (f"; fix: {fix}" if fix else "")
+        )
+
     def _done(self, outcome: JobOutcome) -> None:
         outcome.job_num, outcome.overrides = self.ctx.job_num, self.ctx.overrides
         self.command.outcomes.append(outcome)
@@ -501,6 +534,8 @@ class Job:
             try:
                 with self.stop.deferred():
                     self.recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
+                    if self.setup is not None:  # where the failure's first NaN began
+                        self._record_numerics(self.setup)
                     self.recorder.end(store.FAILED, error=message)
             except Exception as end_err:  # the store itself failed: say so, once
                 console.error(f"could not record the failure in MLflow: {store.one_line(end_err)}")

@@ -205,10 +205,19 @@ class TrackingConfig:
 
 @dataclass
 class DiagnosticsConfig:
-    """Gradient-underflow diagnostics, measured on the true (unscaled) gradients."""
+    """Numerics diagnostics: gradient underflow on the true (unscaled) gradients, where a
+    non-finite value first appears, and the numerics probe (``ampsweep doctor``)."""
 
     every: int = 0  # optimizer steps between measurements (0: off; it costs a pass over grads)
     per_layer: bool = True  # write a per-layer table artifact at the end of the run
+    # Replay the first inf/NaN step with hooks on every module and record where it began
+    # (numerics/first_nonfinite.json). Costs a flag read per step; finite steps nothing more.
+    locate_nonfinite: bool = True
+    # Before training: every module's value ranges at fp32 on a few batches, against each
+    # format's range (numerics/probe.json): headroom, fp16 overflow and underflow, the loss
+    # scale that keeps the gradients, updates a pure half-precision mode would lose.
+    numerics: bool = False
+    numerics_batches: int = 2  # micro-batches the probe measures
 
 
 @dataclass
@@ -296,6 +305,7 @@ def validate(cfg: Config) -> list[str]:
     )
     _positive(p, "trainer.nproc", t.nproc, "use 1 for a single process")
     _positive(p, "diagnostics.every", cfg.diagnostics.every, "use 0 for off", strict=False)
+    _positive(p, "diagnostics.numerics_batches", cfg.diagnostics.numerics_batches, "use e.g. 2")
     if t.max_steps == 0 or t.max_steps < -1:
         p.append(f"trainer.max_steps={t.max_steps} must be > 0, or -1 for no limit")
     _positive(p, "precision.scaler.init_scale", s.init_scale, "use e.g. 65536.0")

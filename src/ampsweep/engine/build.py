@@ -23,6 +23,7 @@ from ampsweep.engine.losses import check_loss
 from ampsweep.engine.tasks import Objective, build_objective, default_objective
 from ampsweep.measure.diagnostics import Diagnostics
 from ampsweep.measure.memory import reset_peak_memory
+from ampsweep.measure.numerics import NoLocator, NonfiniteLocator
 from ampsweep.precision.policy import PrecisionPolicy, build_policy
 
 
@@ -69,6 +70,10 @@ class Setup:
     reference: dict[str, float] = field(default_factory=dict)  # numbers about the data
     fp8: Conversion = field(default_factory=Conversion)  # the layers an fp8 mode converted
     data_inputs: list = field(default_factory=list)  # fingerprint.DataInput: what is recorded
+    # Where the first non-finite value began (diagnostics.locate_nonfinite), and the run's
+    # per-step callbacks (engine.loop.Callback), the locator among them.
+    locator: NonfiniteLocator | NoLocator = field(default_factory=NoLocator)
+    callbacks: list = field(default_factory=list)
 
 
 def resolve(cfg: Config) -> Config:
@@ -130,7 +135,8 @@ def build(cfg: Config) -> Setup:
     conversion = Conversion()
     if policy.mode.fp8:  # before the optimizer is built: converted layers are new modules
         x, _ = next(iter(train_batches.epoch(0)))
-        conversion = convert_fp8(model, policy.mode, policy.fp8, x, cfg.model.name)
+        conversion = convert_fp8(model, policy.mode, policy.fp8, x, cfg.model.name, policy.kept)
+    policy.keep_modules_fp32(model)  # precision.keep_fp32: out of autocast (and of fp8)
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
@@ -138,6 +144,10 @@ def build(cfg: Config) -> Setup:
     schedule = optim.build_schedule(cfg.optimizer, optimizer, total)
     if t.compile:
         model = torch.compile(model)
+    loss_weight = t.loss_multiplier / t.grad_accum_steps
+    locator = NoLocator()
+    if cfg.diagnostics.locate_nonfinite:
+        locator = NonfiniteLocator(policy, objective, loss_weight)
     return Setup(
         cfg=cfg,
         device=device,
@@ -159,11 +169,13 @@ def build(cfg: Config) -> Setup:
             "preload": preload,
             **splits.info,
         },
-        diagnostics=Diagnostics(cfg.diagnostics, t.loss_multiplier / t.grad_accum_steps),
+        diagnostics=Diagnostics(cfg.diagnostics, loss_weight),
         objective=objective,
         reference=splits.reference,
         fp8=conversion,
         data_inputs=data_inputs,
+        locator=locator,
+        callbacks=[locator],
     )
 
 
@@ -194,18 +206,19 @@ def check_fit(
 def preflight(configs: list[Config]) -> None:
     """Refuse, before anything runs or is recorded, the configs that would fail only once
     built: an fp8 mode this machine or installation cannot run (an fp8 mode's refusal is the
-    command's mistake, fixed by a flag or an install, not one job's hardware), or a model with
-    no Linear layer fp8 can take. The model is built on the meta device: no memory, no compute.
+    command's mistake, fixed by a flag or an install, not one job's hardware), a model with
+    no Linear layer fp8 can take, or a ``precision.keep_fp32`` pattern that names no module.
+    The model is built on the meta device: no memory, no compute.
     Raises ConfigError."""
     from ampsweep.precision import modes
 
     samples_of: dict[str, torch.Tensor] = {}
     for cfg in configs:
         mode = modes.get(cfg.precision.name)
-        if mode is None or not mode.fp8:
+        if mode is None or not (mode.fp8 or cfg.precision.keep_fp32):
             continue
         cfg = components.resolve(cfg)
-        build_policy(cfg.precision, select_device(cfg.trainer.device))
+        policy = build_policy(cfg.precision, select_device(cfg.trainer.device))
         key = repr(cfg.dataset)
         if key not in samples_of:
             splits = data.load(cfg.dataset, cfg.task.name)
@@ -213,7 +226,9 @@ def preflight(configs: list[Config]) -> None:
         samples, shape, classes = samples_of[key]
         with torch.device("meta"):
             model = models.build_model(cfg.model, shape, classes)
-        check_fp8(model, samples, mode, cfg)
+        if mode.fp8:
+            check_fp8(model, samples, mode, cfg, policy.kept)
+        policy.keep_modules_fp32(model)  # every keep_fp32 pattern names a module
 
 
 def _two_samples(splits) -> torch.Tensor:

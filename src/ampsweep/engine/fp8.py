@@ -20,6 +20,7 @@ up that share.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -90,9 +91,16 @@ class Conversion:
 # ---------------------------------------------------------------- planning
 
 
-def plan(model: nn.Module, x: torch.Tensor, cfg: Fp8Config, recipe: str = "") -> Conversion:
+def plan(
+    model: nn.Module,
+    x: torch.Tensor,
+    cfg: Fp8Config,
+    recipe: str = "",
+    kept: Callable[[str], bool] = lambda name: False,
+) -> Conversion:
     """Which Linear layers of ``model`` fp8 would convert, from one forward pass of two
-    samples of ``x``, traced on the meta device (the model and ``x`` may be anywhere)."""
+    samples of ``x``, traced on the meta device (the model and ``x`` may be anywhere).
+    ``kept``: whether a module stays in fp32 (precision.keep_fp32; its layers too)."""
     order: list[str] = []  # leaf layers with parameters, in the order they run
     tokens: dict[str, float] = {}  # rows each Linear multiplied, for its FLOPs
     handles = []
@@ -138,12 +146,20 @@ def plan(model: nn.Module, x: torch.Tensor, cfg: Fp8Config, recipe: str = "") ->
             reason = "not called through its forward (e.g. inside nn.MultiheadAttention)"
         elif i % MULTIPLE or o % MULTIPLE:
             reason = f"{i}x{o}: both dimensions must be divisible by {MULTIPLE}"
+        elif any(kept(n) for n in _prefixes(name)):
+            reason = "kept in fp32 (precision.keep_fp32)"
         elif name in ends:
             which = "first" if name == order[0] else "last"
             reason = f"the model's {which} layer (precision.fp8.keep_first_last=true)"
         flops = 2.0 * tokens.get(name, 0) * i * o
         layers.append(Layer(name, i, o, flops, converted=not reason, reason=reason))
     return Conversion(recipe, cfg.emulate, layers, float(counter.get_total_flops()))
+
+
+def _prefixes(name: str) -> list[str]:
+    """``a.b.c`` and the modules that hold it: ``a.b``, ``a``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def refusal(mode: PrecisionMode, model_name: str, planned: Conversion, cfg: Fp8Config) -> str:
@@ -167,12 +183,20 @@ def refusal(mode: PrecisionMode, model_name: str, planned: Conversion, cfg: Fp8C
 # ---------------------------------------------------------------- converting
 
 
-def convert_fp8(model: nn.Module, mode: PrecisionMode, cfg: Fp8Config, x: torch.Tensor, name: str):
+def convert_fp8(
+    model: nn.Module,
+    mode: PrecisionMode,
+    cfg: Fp8Config,
+    x: torch.Tensor,
+    name: str,
+    kept: Callable[[str], bool] = lambda name: False,
+):
     """Convert ``model``'s eligible Linear layers in place for ``mode``; the record of it.
-    ``x``: a batch of real inputs on the model's device (two samples are traced)."""
+    ``x``: a batch of real inputs on the model's device (two samples are traced). ``kept``:
+    whether a layer stays in fp32 (``precision.keep_fp32``), out of fp8 too."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    planned = plan(model, x, cfg, mode.fp8)
+    planned = plan(model, x, cfg, mode.fp8, kept)
     if not planned.converted:
         raise ConfigError(refusal(mode, name, planned, cfg))
     config = Float8LinearConfig.from_recipe_name(mode.fp8)
@@ -185,9 +209,15 @@ def convert_fp8(model: nn.Module, mode: PrecisionMode, cfg: Fp8Config, x: torch.
     return planned
 
 
-def check_fp8(model: nn.Module, samples: torch.Tensor, mode: PrecisionMode, cfg: Config) -> None:
+def check_fp8(
+    model: nn.Module,
+    samples: torch.Tensor,
+    mode: PrecisionMode,
+    cfg: Config,
+    kept: Callable[[str], bool] = lambda name: False,
+) -> None:
     """Refuse an fp8 config on a model where fp8 would convert nothing, without converting:
     ``model`` may live on the meta device (no memory, no compute); ``samples`` are moved there."""
-    planned = plan(model, samples, cfg.precision.fp8, mode.fp8)
+    planned = plan(model, samples, cfg.precision.fp8, mode.fp8, kept)
     if not planned.converted:
         raise ConfigError(refusal(mode, cfg.model.name, planned, cfg.precision.fp8))

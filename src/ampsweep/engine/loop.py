@@ -14,7 +14,7 @@ import itertools
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +48,32 @@ class TrainState:
     nonfinite_run: int = 0  # consecutive non-finite steps (divergence)
 
 
+@dataclass
+class StepView:
+    """What a callback sees of an optimizer step before its update: the gradients are
+    unscaled (true) and not yet clipped or applied, so the weights are those the step saw."""
+
+    step: int  # the step being taken (1-based)
+    module: torch.nn.Module  # the plain model (not DDP's wrapper, not torch.compile's)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]]  # (inputs, targets) of the step
+    losses: list[torch.Tensor]  # each micro-batch's loss (unweighted, on the device)
+    skipped: torch.Tensor  # 1.0 where the scaler found inf/NaN gradients (on the device)
+    log: LogFn  # record metrics at this step
+
+
+class Callback:
+    """A per-step hook of ``fit``: override what you need (both are no-ops here).
+
+    ``before_update(view)``: after ``scaler.unscale_``, before clipping and the update.
+    ``after_step(state)``: after the update, the scheduler and any checkpoint; raising here
+    stops the run (the job records it FAILED with the message)."""
+
+    def before_update(self, view: StepView) -> None: ...
+    def after_step(self, state: TrainState) -> None: ...
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM or Ctrl-C, honoured at a step boundary after a checkpoint was written."""
 
@@ -77,8 +103,6 @@ class NoStop:
     """No stop request ever arrives."""
 
     requested = False
-
-    def after_step(self, step: int) -> None: ...
 
 
 # ---------------------------------------------------------------- running totals
@@ -147,13 +171,14 @@ def fit(
     state: TrainState | None = None,
     checkpoints=NoCheckpoints(),  # noqa: B008
     stop=NoStop(),  # noqa: B008
+    callbacks: Sequence[Callback] = (),
 ) -> dict[str, float]:
     """Train; call ``log(metrics, step)`` as metrics come; return the final numbers.
 
     ``state``: where to continue from (a restored checkpoint). ``checkpoints``: decides when a
     save is due and writes it. ``stop.requested`` turns true on SIGTERM/Ctrl-C; the loop then
-    checkpoints at the next step boundary and raises Interrupted (``stop.after_step`` is told
-    of every step boundary first).
+    checkpoints at the next step boundary and raises Interrupted. ``callbacks``: per-step
+    hooks (``Callback``), after the run's own (``s.callbacks``: the non-finite locator).
     """
     t = s.cfg.trainer
     model, optimizer, scaler, policy, diag = s.model, s.optimizer, s.scaler, s.policy, s.diagnostics
@@ -164,8 +189,15 @@ def fit(
     timer = StepTimer(s.device, t.timing_warmup_steps)
     totals = Totals(s.device, state, timer, model)
     watch = totals.watch = NonfiniteWatch(
-        t.max_nonfinite_steps, s.cfg.precision.scaler.min_scale, scaler, state.nonfinite_run
+        t.max_nonfinite_steps,
+        s.cfg.precision.scaler.min_scale,
+        scaler,
+        state.nonfinite_run,
+        explain=s.locator.advice,
     )
+    callbacks = [*s.callbacks, *callbacks]
+    plain = distributed.unwrap(model)
+    step_batches, step_losses = [], []  # the current step's micro-batches (references)
     evaluation = (float("nan"), float("nan"))  # (val/loss, the task's score)
     model.train()
     while not _finished(state, t):
@@ -173,6 +205,7 @@ def fit(
         for x, y in _batches_left(s, state):
             if state.batch % accum == 0:
                 timer.start()
+                step_batches, step_losses = [], []
             # Autocast covers the forward pass and the loss only; backward runs outside it.
             # The loss is computed in fp32 on fp32 logits (the objective upcasts them).
             with (
@@ -184,17 +217,22 @@ def fit(
             # Scale the loss so small fp16 gradients do not underflow (a no-op when disabled).
             scaler.scale(loss * loss_weight).backward()
             totals.add_loss(loss)
+            step_batches.append((x, y))
+            step_losses.append(loss)
             state.batch += 1
             if state.batch % accum:
                 continue  # accumulate gradients over micro-batches
             # Unscale in place first, so clipping sees (and the step applies) true gradients.
             scaler.unscale_(optimizer)
             if diag.due(state.step + 1):  # gradient underflow, measured on true gradients
-                module = distributed.unwrap(model)
-                log(diag.measure(module, scaler, x, y, objective), state.step + 1)
+                log(diag.measure(plain, scaler, x, y, objective), state.step + 1)
+            skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
+            view = StepView(state.step + 1, plain, optimizer, scaler, step_batches, step_losses,
+                            skipped, log)  # fmt: skip
+            for callback in callbacks:  # e.g. locate a non-finite step before it is applied
+                callback.before_update(view)
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
             scaler.step(optimizer)
             scaler.update()  # dynamic: back off on inf, grow after growth_interval clean steps
             optimizer.zero_grad(set_to_none=True)
@@ -214,7 +252,8 @@ def fit(
             if checkpoints.due(state.step) and not _finished(state, t):
                 watch.check(state.step)  # never checkpoint a run that has diverged
                 checkpoints.save(s, totals.save_to(state))
-            stop.after_step(state.step)  # where a test may signal this process (app.job)
+            for callback in callbacks:
+                callback.after_step(state)
             if stop.requested:  # SIGTERM / Ctrl-C, seen between optimizer steps
                 progress.end_epoch()
                 where = checkpoints.save(s, totals.save_to(state))

@@ -50,9 +50,11 @@ import torch
 
 from ampsweep.config.schema import DiagnosticsConfig
 from ampsweep.measure.flops import LossFn, cross_entropy
+from ampsweep.precision.modes import FORMATS
 
-FP16_ZERO_AT = 2.0**-25  # |x| <= this rounds to 0 in fp16 (half of the smallest subnormal 2^-24)
-FP16_MIN_NORMAL = 2.0**-14
+# |x| <= this rounds to 0 in fp16 (half of the smallest subnormal 2^-24)
+FP16_ZERO_AT = FORMATS["fp16"].min_subnormal / 2
+FP16_MIN_NORMAL = FORMATS["fp16"].min_normal
 
 # Per-parameter counters, summed over measurements.
 COUNTS = (

@@ -14,6 +14,8 @@ run stops up to ``log_every - 1`` steps after it crossed the limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ampsweep.precision.policy import StaticGradScaler
@@ -32,8 +34,11 @@ class NonfiniteWatch:
         min_scale: float,
         scaler: torch.amp.GradScaler,
         start: int = 0,
+        explain: Callable[[], str] = lambda: "",
     ):
-        self.limit, self.min_scale = limit, min_scale
+        """``explain``: where the run's first non-finite value began and its fix ('' when
+        unknown), said instead of the generic advice (``measure.numerics``)."""
+        self.limit, self.min_scale, self.explain = limit, min_scale, explain
         # Only a dynamic scaler lowers its scale; a static one skips without ever recovering.
         self.lowering = scaler.is_enabled() and not isinstance(scaler, StaticGradScaler)
         self.scaled = scaler.is_enabled()
@@ -73,8 +78,14 @@ class NonfiniteWatch:
         self._settle()
         if self.limit and self.longest >= self.limit:
             below = f" with the loss scale below {self.min_scale:g}" if self.lowering else ""
+            where = self.explain()
+            advice = (
+                where
+                if where
+                else "lower optimizer.lr, clip gradients (trainer.grad_clip), or raise "
+                "trainer.max_nonfinite_steps"
+            )
             raise Diverged(
                 f"loss non-finite for {self.limit} consecutive steps{below} "
-                f"(stopped at step {step}): lower optimizer.lr, clip gradients "
-                "(trainer.grad_clip), or raise trainer.max_nonfinite_steps"
+                f"(stopped at step {step}): {advice}"
             )

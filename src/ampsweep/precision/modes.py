@@ -102,6 +102,31 @@ MODES: dict[str, PrecisionMode] = {
 NAMES = (AUTO, *MODES)  # every value precision.name accepts
 
 
+@dataclass(frozen=True)
+class NumberFormat:
+    """A floating-point format's range: what a value must fit to be held (the numerics
+    probe's headroom, the underflow diagnostics, the update-rounding check)."""
+
+    name: str
+    max: float  # the largest finite value: beyond it, inf
+    min_normal: float  # below it, subnormal: fewer significant bits
+    min_subnormal: float  # the smallest non-zero value; half of it and less round to zero
+    mantissa_bits: int  # explicit fraction bits: a unit in the last place is 2^(e - bits)
+
+
+FORMATS: dict[str, NumberFormat] = {
+    f.name: f
+    for f in (
+        NumberFormat("fp32", 3.4028234663852886e38, 2.0**-126, 2.0**-149, 23),
+        NumberFormat("fp16", 65504.0, 2.0**-14, 2.0**-24, 10),
+        NumberFormat("bf16", 3.3895313892515355e38, 2.0**-126, 2.0**-133, 7),
+        # fp8 as torchao's float8 training casts to it: e4m3 forward, e5m2 for gradients
+        NumberFormat("fp8_e4m3", 448.0, 2.0**-6, 2.0**-9, 3),
+        NumberFormat("fp8_e5m2", 57344.0, 2.0**-14, 2.0**-16, 2),
+    )
+}
+
+
 def get(name: str) -> PrecisionMode | None:
     """The mode called ``name`` (a report may meet names it does not know: None)."""
     return MODES.get(name)
@@ -161,6 +186,10 @@ class PrecisionConfig:
     name: str = AUTO  # a mode of the table above, or auto
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
+    # Modules (glob patterns on the names of ``model.named_modules()``, e.g. ``layer4.0.conv1``
+    # or ``blocks.*.attn``) that run outside autocast, their inputs cast to fp32: the fix for
+    # a module that overflows, or whose half-precision kernel fails, in an autocast mode.
+    keep_fp32: list[str] = field(default_factory=list)
     # Resolved from ``name`` (see the table); recorded so the logged config says what ran.
     dtype: Dtype | None = None
     autocast: bool | None = None
@@ -194,7 +223,30 @@ def problems(pc: PrecisionConfig) -> list[str]:
     problem = scaler_problem(mode, pc.scaler.enabled)
     if problem:
         p.append(problem)
+    problem = keep_fp32_problem(mode, list(pc.keep_fp32))
+    if problem:
+        p.append(problem)
     return p
+
+
+def keep_fp32_problem(mode: PrecisionMode, patterns: list[str]) -> str | None:
+    """``precision.keep_fp32`` leaves autocast for some modules: a mode without autocast has
+    nothing to leave."""
+    shown = f"precision.keep_fp32=[{','.join(patterns)}]"
+    if any(not str(x).strip() for x in patterns):
+        return f"{shown}: an empty pattern matches no module: give module names, e.g. [fc1]"
+    if not patterns or mode.autocast:
+        return None
+    if mode.pure:
+        return (
+            f"{shown} cannot run with precision={mode.name}, which stores every parameter in "
+            f"{mode.dtype} with no autocast to leave: use precision={mode.dtype} (autocast, "
+            f"fp32 weights) with {shown}"
+        )
+    return (
+        f"{shown} changes nothing with precision={mode.name}, which has no autocast (every "
+        "module already runs in fp32): drop it, or pick an autocast mode (fp16, bf16, ...)"
+    )
 
 
 def scaler_problem(mode: PrecisionMode, enabled: bool | None) -> str | None:

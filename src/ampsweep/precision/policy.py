@@ -11,6 +11,8 @@ becomes the mode that runs on a device.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import fnmatch
 import importlib.util
 from dataclasses import dataclass, field, replace
 
@@ -24,6 +26,7 @@ from ampsweep.precision.modes import (
     PrecisionConfig,
     PrecisionMode,
     ScalerConfig,
+    keep_fp32_problem,
     scaler_problem,
 )
 
@@ -82,6 +85,45 @@ def _check_fp8_hardware(mode: PrecisionMode, device: torch.device) -> None:
         )
 
 
+def keep_fp32_unmatched(patterns: list[str], names: list[str]) -> str:
+    """The one-line refusal of keep_fp32 patterns that match no module of the model."""
+    parts = []
+    for pattern in patterns:
+        close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.3)
+        near = f" (closest: {', '.join(close)})" if close else ""
+        parts.append(f"{pattern}{near}")
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return (
+        f"precision.keep_fp32: no module of the model is called {'; '.join(parts)}: use names "
+        f"from model.named_modules() ({shown}), or glob patterns such as 'layer4.*'"
+    )
+
+
+class Fp32Forward:
+    """A module's forward outside autocast, its floating inputs cast to fp32.
+
+    Set as the module's own ``forward`` attribute (``nn.Module.__call__`` looks it up on the
+    instance first), so the module keeps its class, its parameter names and its hooks:
+    checkpoints, DDP, ``torch.compile`` and deep copies see the same module. A class, not a
+    closure, so that the module still pickles (the logged model, spawned processes).
+    """
+
+    def __init__(self, module: torch.nn.Module, device_type: str):
+        self.module, self.device_type = module, device_type
+
+    def __call__(self, *args, **kwargs):
+        with torch.autocast(device_type=self.device_type, enabled=False):
+            args = tuple(_to_fp32(a) for a in args)
+            kwargs = {k: _to_fp32(v) for k, v in kwargs.items()}
+            return type(self.module).forward(self.module, *args, **kwargs)
+
+
+def _to_fp32(value):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.float()
+    return value
+
+
 class StaticGradScaler(torch.amp.GradScaler):
     """A GradScaler whose scale never changes.
 
@@ -99,6 +141,7 @@ class PrecisionPolicy:
     device: torch.device
     scaler: ScalerConfig  # enabled/dynamic resolved to booleans
     fp8: Fp8Config = field(default_factory=Fp8Config)  # fp8: emulation, first/last layers
+    keep_fp32: tuple[str, ...] = ()  # module-name patterns that run outside autocast
 
     @property
     def emulated(self) -> bool:
@@ -141,6 +184,25 @@ class PrecisionPolicy:
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(dtype=self.param_dtype)
 
+    def kept(self, name: str) -> bool:
+        """Whether the module called ``name`` runs in fp32 (``precision.keep_fp32``)."""
+        return any(fnmatch.fnmatchcase(name, p) for p in self.keep_fp32)
+
+    def keep_modules_fp32(self, model: torch.nn.Module) -> list[str]:
+        """Make the modules ``precision.keep_fp32`` names run outside autocast, their inputs
+        cast to fp32; the names of the modules it changed. A pattern that matches no module
+        is refused, with the closest names (the model is unchanged then)."""
+        names = [n for n, _ in model.named_modules() if n]
+        unmatched = [p for p in self.keep_fp32 if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+        if unmatched:
+            raise ConfigError(keep_fp32_unmatched(unmatched, names))
+        chosen = [n for n in names if self.kept(n)]
+        for name in chosen:
+            module = model.get_submodule(name)
+            if not isinstance(module.__dict__.get("forward"), Fp32Forward):
+                module.forward = Fp32Forward(module, self.device.type)
+        return chosen
+
     def resolved_config(self, pc: PrecisionConfig) -> PrecisionConfig:
         """The config as it ran: the concrete mode and its derived fields filled in."""
         m = self.mode
@@ -178,11 +240,12 @@ def build_policy(pc: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
     mode = resolve_mode(pc.name, device, emulate=pc.fp8.emulate)
     enabled = mode.scaler if pc.scaler.enabled is None else pc.scaler.enabled
     dynamic = mode.dynamic_scale if pc.scaler.dynamic is None else pc.scaler.dynamic
-    problem = scaler_problem(mode, enabled)  # auto may resolve to a mode that refuses one
+    # auto may resolve to a mode that refuses these
+    problem = scaler_problem(mode, enabled) or keep_fp32_problem(mode, list(pc.keep_fp32))
     if problem:
         raise ConfigError(problem)
     scaler = replace(pc.scaler, enabled=enabled, dynamic=dynamic)
-    return PrecisionPolicy(mode, device, scaler, pc.fp8)
+    return PrecisionPolicy(mode, device, scaler, pc.fp8, tuple(pc.keep_fp32))
 
 
 _NO_SKIP = torch.zeros(())

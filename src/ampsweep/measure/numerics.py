@@ -1,0 +1,353 @@
+"""Where a non-finite value first appears: the step that went inf/NaN, replayed with hooks.
+
+``NonfiniteLocator`` is a callback of the training loop (``engine.loop.fit``). At every
+optimizer step, after ``scaler.unscale_`` and before the update, it reads one flag: did this
+step's loss or gradients hold inf/NaN? With a GradScaler that flag is the scaler's own inf
+check, which ``scaler.step`` reads anyway; without one it is the loss and the gradients' total
+norm (one pass over the gradients, and one read of a scalar per step). Only on the first
+non-finite step does it do more: it replays the step's micro-batches at the weights they
+saw (the update has not been applied yet), in the run's autocast, at the run's loss scale,
+with hooks on every module, and names where the value began:
+
+* ``forward``: the first module (in the order modules finish) whose output is non-finite
+  while its inputs were finite; the output is recomputed in fp32 to say what value the format
+  could not hold (a forward overflow: fp16's largest value is 65504);
+* ``loss``: every module's output finite, the loss not;
+* ``weight_grad``: the first non-finite value of the backward pass is a parameter's gradient,
+  while the gradient flowing into that module's output was finite (a backward overflow of a
+  scaled gradient, or a kernel of this device);
+* ``input_grad``: it is the gradient flowing into a module's output, so the module(s) that
+  consumed that output turned their finite output gradient into a non-finite input gradient.
+
+The replay runs on copies of the parameters and buffers (``torch.func.functional_call``), so
+the run's weights, gradients, BatchNorm statistics and random state are untouched. A model with
+dropout draws another mask in the replay, so a non-finite value that depends on the mask may
+not show again: the origin then says so (``reproduced`` false).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ampsweep.precision.modes import FORMATS
+from ampsweep.precision.policy import PrecisionPolicy
+
+ARTIFACT = "numerics/first_nonfinite.json"
+_FORMAT_OF = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclass
+class Origin:
+    """Where the first non-finite value of a run began (see the module docstring)."""
+
+    step: int  # the optimizer step (1-based)
+    kind: str  # forward | loss | weight_grad | input_grad | not_reproduced
+    module: str = ""  # the module's name in model.named_modules() ("" for the model itself)
+    module_type: str = ""
+    param: str = ""  # weight_grad: the parameter (e.g. layer4.0.conv1.weight)
+    dtype: str = ""  # the format the non-finite value was in (fp16, bf16, fp32)
+    value: float | None = None  # forward: the output's largest magnitude, recomputed in fp32
+    limit: float | None = None  # forward: the format's largest finite value
+    loss_scale: float | None = None  # the GradScaler's scale at that step (None: no scaler)
+    micro_batch: int = 0  # which micro-batch of the step (grad accumulation)
+    mode: str = ""
+    nonfinite_steps: int = 0  # non-finite steps seen in the run so far
+    consumers: list[str] = field(default_factory=list)  # input_grad: modules that took it
+
+    @property
+    def label(self) -> str:
+        """``layer4.0.conv1 (Conv2d)``."""
+        name = self.module or "(the model)"
+        return f"{name} ({self.module_type})" if self.module_type else name
+
+    def sentence(self) -> str:
+        """The origin in one sentence, with what most likely caused it."""
+        at = f"step {self.step}"
+        scale = f" at loss scale {self.loss_scale:g}" if self.loss_scale else ""
+        if self.kind == "forward":
+            held = ""
+            if self.value is not None and self.limit is not None and self.value > self.limit:
+                held = (
+                    f": its output reaches {self.value:.4g} in fp32, beyond {self.dtype}'s "
+                    f"largest value {self.limit:g} (a forward overflow)"
+                )
+            elif self.value is not None and math.isfinite(self.value):
+                held = f" (in fp32 its output's largest magnitude is {self.value:.4g})"
+            return (
+                f"{at}: the first non-finite value was the {self.dtype} output of {self.label}, "
+                f"with finite inputs{held}"
+            )
+        if self.kind == "loss":
+            return (
+                f"{at}: every module's output was finite but the loss was not: the loss "
+                "function itself overflowed or took a log of zero"
+            )
+        if self.kind == "weight_grad":
+            cause = (
+                "the scaled gradient overflowed (the scaler backs off and skips the step)"
+                if self.loss_scale and self.loss_scale > 1
+                else "a backward kernel of this device produced it"
+            )
+            return (
+                f"{at}: the first non-finite value was the weight gradient of {self.label} "
+                f"({self.param}){scale}, with finite input and output gradient: {cause}"
+            )
+        if self.kind == "input_grad":
+            return (
+                f"{at}: the first non-finite value was the gradient {self.label} passed back "
+                f"to its input{scale}, from a finite output gradient: its backward overflowed "
+                f"{self.dtype}"
+            )
+        return (
+            f"{at}: the loss or a gradient was non-finite, but a replay of the step with the "
+            "same weights and inputs stayed finite (random layers such as dropout draw anew): "
+            "rerun with trainer.deterministic=true, or with model dropout off, to locate it"
+        )
+
+    def fix(self) -> str:
+        """The config change that most likely fixes it ('' when none can be named)."""
+        if self.kind not in ("forward", "weight_grad", "input_grad") or not self.module:
+            if self.kind == "loss":
+                return "check the loss for log(0) or division by zero on these targets"
+            return ""
+        target = self.consumers[0] if self.kind == "input_grad" and self.consumers else self.module
+        keep = f"precision.keep_fp32=[{target}]"
+        if self.kind == "forward" and self.dtype == "fp16":
+            return f"{keep}, or precision=bf16 (fp32's range)"
+        if self.kind == "weight_grad" and self.loss_scale and self.loss_scale > 1:
+            return f"{keep} if it keeps happening (the scaler backs off from occasional ones)"
+        return keep
+
+    def tags(self) -> dict[str, str]:
+        """What the run records of it (MLflow tags)."""
+        return {
+            "numerics.nonfinite_step": str(self.step),
+            "numerics.nonfinite_kind": self.kind,
+            "numerics.nonfinite_module": self.module,
+            "numerics.nonfinite_where": self.sentence()[:4000],
+            "numerics.nonfinite_fix": self.fix(),
+        }
+
+    def write(self, folder: Path) -> Path:
+        path = folder / Path(ARTIFACT).name
+        path.write_text(json.dumps({**asdict(self), "sentence": self.sentence(),
+                                    "fix": self.fix()}, indent=2))  # fmt: skip
+        return path
+
+
+class NonfiniteLocator:
+    """The training loop's callback that locates the run's first non-finite step (see the
+    module docstring). ``origin`` is None until one is found; ``nonfinite_steps`` counts them."""
+
+    def __init__(self, policy: PrecisionPolicy, objective, loss_weight: float):
+        self.policy, self.objective, self.loss_weight = policy, objective, loss_weight
+        self.origin: Origin | None = None
+        self.nonfinite_steps = 0
+
+    def before_update(self, view) -> None:
+        """After ``unscale_``, before clipping and the update (the loop's step view)."""
+        if not bool(_nonfinite(view)):  # the one read per step
+            return
+        self.nonfinite_steps += 1
+        if self.origin is not None:
+            self.origin.nonfinite_steps = self.nonfinite_steps
+            return
+        scaler = view.scaler
+        scale = float(scaler.get_scale()) if scaler.is_enabled() else None
+        module = view.module
+        origin = None
+        for i, (x, y) in enumerate(view.micro_batches):
+            origin = replay(module, x, y, self.policy, self.objective,
+                            self.loss_weight * (scale or 1.0))  # fmt: skip
+            if origin is not None:
+                origin.micro_batch = i
+                break
+        origin = origin or Origin(step=0, kind="not_reproduced")
+        origin.step, origin.loss_scale, origin.mode = view.step, scale, self.policy.mode.name
+        origin.nonfinite_steps = self.nonfinite_steps
+        self.origin = origin
+
+    def after_step(self, state) -> None: ...
+
+    def advice(self) -> str:
+        """For the divergence message: where it began and the fix, or ''."""
+        if self.origin is None or self.origin.kind == "not_reproduced":
+            return ""
+        fix = self.origin.fix()
+        return self.origin.sentence() + (f"; fix: {fix}" if fix else "")
+
+    def tags(self) -> dict[str, str]:
+        return self.origin.tags() if self.origin else {}
+
+
+class NoLocator:
+    """``diagnostics.locate_nonfinite=false``: nothing is read or replayed."""
+
+    origin = None
+    nonfinite_steps = 0
+
+    def before_update(self, view) -> None: ...
+    def after_step(self, state) -> None: ...
+    def advice(self) -> str:
+        return ""
+
+    def tags(self) -> dict[str, str]:
+        return {}
+
+
+def _nonfinite(view) -> torch.Tensor:
+    """Whether this step's loss or gradients held inf/NaN, as a 0-dim bool tensor."""
+    losses = torch.stack([loss.detach().float() for loss in view.losses])
+    bad = ~torch.isfinite(losses).all()
+    if view.scaler.is_enabled():
+        return bad | (view.skipped > 0)  # the scaler's own inf check of the gradients
+    grads = [p.grad for p in view.module.parameters() if p.grad is not None]
+    if grads:
+        bad = bad | ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+    return bad
+
+
+# ---------------------------------------------------------------- the replay
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The floating tensors in a module's inputs or outputs (nested in tuples, lists, dicts,
+    and Hugging Face's output objects)."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, dict) or hasattr(value, "values") and hasattr(value, "keys"):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _finite(tensors: list[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+@dataclass
+class _Call:
+    name: str
+    module: torch.nn.Module
+    inputs_finite: bool
+    output_finite: bool
+    input_ids: set[int]
+    output_dtype: torch.dtype | None
+    value: float | None = None
+
+
+def replay(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    policy: PrecisionPolicy,
+    objective,
+    loss_weight: float,
+) -> Origin | None:
+    """Run one micro-batch forward and backward as the step did, with hooks on every module;
+    the origin of its first non-finite value, or None if it stayed finite. ``loss_weight``:
+    what backward saw the loss multiplied by (the loss scale included)."""
+    names = {id(m): n for n, m in module.named_modules()}
+    params = {n: p.detach().clone().requires_grad_(p.requires_grad)
+              for n, p in module.named_parameters()}  # fmt: skip
+    buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+    calls: list[_Call] = []
+    produced: dict[int, str] = {}  # id of an output tensor -> the module that made it
+    keep: list[torch.Tensor] = []  # outputs kept alive, so that their ids stay unique
+    events: list[tuple[str, str, str, bool]] = []  # backward: (kind, module, param, finite)
+
+    def forward_hook(mod, args, kwargs, out):
+        name = names.get(id(mod), "")
+        ins, outs = _tensors((args, kwargs)), _tensors(out)
+        call = _Call(name, mod, _finite(ins), _finite(outs), {id(t) for t in ins},
+                     outs[0].dtype if outs else None)  # fmt: skip
+        calls.append(call)
+        for t in outs:
+            produced.setdefault(id(t), name)
+            keep.append(t)
+            if t.requires_grad:
+                t.register_hook(lambda g, name=name: events.append(
+                    ("output", name, "", bool(torch.isfinite(g).all()))))  # fmt: skip
+        if call.inputs_finite and not call.output_finite and call.value is None:
+            call.value = _fp32_magnitude(mod, args, kwargs, x.device.type)
+
+    handles = [m.register_forward_hook(forward_hook, with_kwargs=True) for m in module.modules()]
+    for pname, p in params.items():
+        if p.requires_grad:
+            owner = pname.rpartition(".")[0]
+            p.register_hook(lambda g, owner=owner, pname=pname: events.append(
+                ("weight", owner, pname, bool(torch.isfinite(g).all()))))  # fmt: skip
+    devices = [x.device] if x.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            with policy.autocast():
+                out = torch.func.functional_call(module, {**params, **buffers}, (x,))
+                loss = objective(out, y)
+            origin = _forward_origin(calls, loss)
+            if origin is not None:
+                return origin
+            wanted = [p for p in params.values() if p.requires_grad]
+            if not wanted or not loss.requires_grad:
+                return None
+            torch.autograd.grad(loss * loss_weight, wanted, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return _backward_origin(events, calls, produced, module)
+
+
+def _fp32_magnitude(mod, args, kwargs, device_type: str) -> float | None:
+    """The largest magnitude of ``mod``'s output recomputed in fp32 (what the format had to
+    hold); None if that fails."""
+    try:
+        with torch.no_grad(), torch.autocast(device_type=device_type, enabled=False):
+            cast = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                    for a in args]  # fmt: skip
+            out = mod(*cast, **kwargs)
+        return max((float(t.abs().max()) for t in _tensors(out) if t.numel()), default=None)
+    except Exception:  # a module that refuses fp32 inputs: the origin is named all the same
+        return None
+
+
+def _forward_origin(calls: list[_Call], loss: torch.Tensor) -> Origin | None:
+    for call in calls:
+        if call.inputs_finite and not call.output_finite:
+            fmt = _FORMAT_OF.get(call.output_dtype, str(call.output_dtype))
+            limit = FORMATS[fmt].max if fmt in FORMATS else None
+            return Origin(0, "forward", call.name, type(call.module).__name__, dtype=fmt,
+                          value=call.value, limit=limit)  # fmt: skip
+    if not bool(torch.isfinite(loss.detach()).all()):
+        return Origin(0, "loss", dtype=_FORMAT_OF.get(loss.dtype, str(loss.dtype)))
+    return None
+
+
+def _backward_origin(events, calls: list[_Call], produced: dict[int, str], module) -> Origin | None:
+    types = {c.name: type(c.module).__name__ for c in calls}
+    dtypes = {n: _FORMAT_OF.get(p.dtype, "") for n, p in module.named_parameters()}
+    for kind, name, pname, finite in events:
+        if finite:
+            continue
+        if kind == "weight":
+            return Origin(0, "weight_grad", name, types.get(name, ""), param=pname,
+                          dtype=dtypes.get(pname, ""))  # fmt: skip
+        # The gradient into ``name``'s output: made by the modules that consumed that output.
+        made = {i for i, n in produced.items() if n == name}
+        consumers = [c.name for c in calls if c.input_ids & made and c.name != name]
+        consumers = [n for n in dict.fromkeys(consumers) if not _contains(n, name)]
+        culprit = consumers[0] if consumers else name.rpartition(".")[0]
+        dtype = next((_FORMAT_OF.get(c.output_dtype, "") for c in calls if c.name == name), "")
+        return Origin(0, "input_grad", culprit, types.get(culprit, ""), dtype=dtype,
+                      consumers=consumers or [culprit])  # fmt: skip
+    return None
+
+
+def _contains(outer: str, inner: str) -> bool:
+    """Whether module ``outer`` holds module ``inner`` (a container consumes what its own
+    children make: the consumer that matters is the innermost)."""
+    return outer == "" or inner.startswith(outer + ".")
