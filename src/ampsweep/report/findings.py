@@ -1,7 +1,9 @@
 """The report's findings: plain-language conclusions, each with the numbers behind it.
 
 Which modes a finding speaks of is asked of the mode table (``precision.modes``): the modes
-without a scaler in fp16, those with one, those with fp32's exponent range.
+without a scaler in fp16, those with one, those with fp32's exponent range. What went wrong
+numerically (where a run's first inf/NaN began, an unhealthy loss scale, the numerics probe's
+verdicts) are the findings of ``report.numerics``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from collections.abc import Mapping
 
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import stats
-from ampsweep.report.model import Row, is_number
+from ampsweep.report import numerics, stats
+from ampsweep.report.model import Row, is_number, percent
 from ampsweep.tracking.store import FINISHED
 
 ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
@@ -85,7 +87,7 @@ def findings(
     compared = [r for r in done if r.baseline]
     groups: dict[str, list[Row]] = {}
     for r in compared:
-        groups.setdefault(_where(r), []).append(r)
+        groups.setdefault(r.configuration, []).append(r)
     for where, group in groups.items():
         suffix = f" ({where})" if len(groups) > 1 else ""
         if any(r.n > 1 for r in group):
@@ -94,6 +96,7 @@ def findings(
             out.extend(_group_findings(group, baseline_mode, suffix))
     out.extend(_noscale_findings(done, baseline_mode))
     out.extend(_underflow_findings(done))
+    out.extend(numerics.findings(rows))
     out.extend(_capacity_findings(compared, baseline_mode, budget))
     out.extend(_fp8_findings(done))
     out.extend(_hardware_findings(compared, device, baseline_mode))
@@ -115,11 +118,6 @@ def findings(
             "comparison a 95% confidence interval."
         )
     return out
-
-
-def _where(r: Row) -> str:
-    """The configuration a row belongs to, beyond its precision: ``cnn on digits, lr=0.01``."""
-    return f"{r.model} on {r.dataset}" + (f", {r.varies}" if r.varies else "")
 
 
 def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
@@ -397,7 +395,7 @@ def _noscale_findings(done: list[Row], base: str) -> list[str]:
         under = r.extra.get("amp/grad_underflow_frac")
         if is_number(under):
             text += (
-                f" ({_pct(under)} of this run's gradient values did)"
+                f" ({percent(under)} of this run's gradient values did)"
                 if under > 0
                 else " (on this model none did: amp/grad_underflow_frac 0)"
             )
@@ -424,7 +422,7 @@ def _underflow_findings(done: list[Row]) -> list[str]:
             metrics = {**r.extra, **({"val/acc": r.val_acc} if is_number(r.val_acc) else {})}
             if is_number(r.loss_scale):
                 metrics["amp/loss_scale"] = r.loss_scale
-            groups.setdefault(_where(r), {})[r.precision] = metrics
+            groups.setdefault(r.configuration, {})[r.precision] = metrics
     out = []
     for where, runs in groups.items():
         text = underflow_finding(runs)
@@ -474,10 +472,6 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
 # ---------------------------------------------------------------- gradient underflow
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.4g}%"
-
-
 def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
     """A plain-language finding from a sweep's child runs.
 
@@ -505,9 +499,9 @@ def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
         )
     else:
         parts.append(
-            f"fp16 without loss scaling would flush {_pct(lost)} of the non-zero gradient values "
-            f"to zero on this model (measured in {base_mode}); "
-            f"{_pct(measured[base_mode].get('amp/grad_subnormal_frac', float('nan')))} "
+            f"fp16 without loss scaling would flush {percent(lost)} of the non-zero gradient "
+            f"values to zero on this model (measured in {base_mode}); "
+            f"{percent(measured[base_mode].get('amp/grad_subnormal_frac', float('nan')))} "
             "fall below fp16's normal range."
         )
     noscale_mode = next((n for n in measured if _is(n, lambda m: m.unscaled_fp16)), None)
@@ -515,7 +509,7 @@ def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
     if noscale and "amp/grad_flushed_frac" in noscale:
         flushed = noscale["amp/grad_flushed_frac"]
         lost_here = (
-            f"lost {_pct(flushed)} of its non-zero gradient values"
+            f"lost {percent(flushed)} of its non-zero gradient values"
             if flushed > 0
             else "lost none of its gradient values"
         )
@@ -533,9 +527,9 @@ def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
         scale = m.get("amp/loss_scale", float("nan"))
         if m[key] > 0:
             kept = 1.0 - still / m[key]
-            left = f"leaves {_pct(still)} below fp16's range" if still > 0 else "leaves none"
+            left = f"leaves {percent(still)} below fp16's range" if still > 0 else "leaves none"
             parts.append(
                 f"In {scaled_mode}, the scaler at scale {scale:g} {left}, so it keeps "
-                f"{_pct(kept)} of the values fp16 alone would lose."
+                f"{percent(kept)} of the values fp16 alone would lose."
             )
     return " ".join(parts)

@@ -15,14 +15,15 @@ import re
 import statistics
 from dataclasses import replace
 
-from ampsweep.report import stats
+from ampsweep.report import numerics, stats
 from ampsweep.report.model import Row, RunData, is_number
 from ampsweep.report.rows import SEED, config_key, varying
 from ampsweep.tracking.store import FINISHED
 
 MEANS = (
     "val_acc", "samples_per_s", "step_ms", "tflops", "mfu", "activation_mib", "peak_mib",
-    "skipped_steps", "bytes_per_sample", "model_mib", "max_batch", "fp8_flop_share",
+    "skipped_steps", "bytes_per_sample", "model_mib", "max_batch", "fp8_flop_share", "steps",
+    "update_lost_frac",
 )  # fmt: skip
 DIFFERENCES = ("acc_delta",)  # each run minus its same-seed baseline
 RATIOS = ("speedup", "activation_ratio", "peak_ratio", "max_batch_ratio")  # run / baseline
@@ -89,6 +90,7 @@ def _summary(group: list[Row], varies: dict[str, str]) -> Row:
         seed=",".join(r.seed for r in group),
         loss_scale=statistics.median(scales) if scales else None,  # a typical final scale
         extra=extra,
+        **numerics.group_fields(group),
         note="; ".join(sorted({r.note for r in group if r.note})),
         varies=varies.get(first.run_id, ""),
         reused=all(r.reused for r in group),

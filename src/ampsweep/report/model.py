@@ -13,6 +13,11 @@ def is_number(x) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
+def percent(x: float) -> str:
+    """A share as the findings write it: ``12.5%``, ``0.0001234%``."""
+    return f"{100 * x:.4g}%"
+
+
 @dataclass
 class RunData:
     """What the report needs of one child run (the latest value of each metric)."""
@@ -75,12 +80,42 @@ class Row:
     max_batch_ratio: float | None = None
     emulated: bool = False  # an fp8 mode in torchao's emulation: its speed means nothing
     fp8_flop_share: float | None = None  # share of the FLOPs in layers converted to fp8
+    # What went wrong numerically (``report.numerics`` reads and judges these). Where the first
+    # inf/NaN began, as the run located it: the step, the kind (forward, loss, weight_grad,
+    # input_grad, not_reproduced), the module, the sentence and the fix; ``nonfinite_runs``:
+    # how many of the row's runs had one (the other fields are the first such run's).
+    nonfinite_step: int | None = None
+    nonfinite_kind: str = ""
+    nonfinite_module: str = ""
+    nonfinite_where: str = ""
+    nonfinite_fix: str = ""
+    nonfinite_steps: float | None = None  # how many steps were non-finite
+    nonfinite_runs: int = 0
+    diverged: bool = False  # stopped for a loss non-finite too many steps in a row
+    # The GradScaler (runs with one): the first logged scale, the largest logged over it (1:
+    # it never grew), and its settings; the final scale and the skips are above.
+    steps: float | None = None  # optimizer steps trained
+    scale_first: float | None = None
+    scale_growth: float | None = None
+    scale_min: float | None = None  # precision.scaler.min_scale
+    scale_growth_interval: float | None = None
+    scale_dynamic: bool | None = None  # the scale grows and backs off (None: not known)
+    # The numerics probe (diagnostics.numerics): its metrics by name, and its two tags
+    probe: dict[str, float] = field(default_factory=dict)
+    fp16_overflow: str = ""  # modules whose fp16 forward output overflows, with the fp32 value
+    update_lost_layers: str = ""  # bf16's share of updates lost, per parameter, largest first
+    update_lost_frac: float | None = None  # a pure mode's own steps: updates rounded away
     # A configuration's repeats (same config but the seed) summarised in one row: the field
     # values above are means (ratios: geometric means), ``ci`` their 95% intervals, ``n`` the
     # finished runs (1: a single run, whose row this is), ``members`` their run ids.
     n: int = 1
     ci: dict[str, Estimate] = field(default_factory=dict)
     members: list[str] = field(default_factory=list)
+
+    @property
+    def configuration(self) -> str:
+        """The configuration a row belongs to, beyond its precision: ``cnn on digits, lr=0.01``."""
+        return f"{self.model} on {self.dataset}" + (f", {self.varies}" if self.varies else "")
 
     @property
     def shown_status(self) -> str:

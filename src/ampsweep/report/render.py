@@ -206,13 +206,17 @@ def to_csv(report: Report) -> str:
     """Every field of every run's row, unformatted (speed-up 1.5, not 1.50x)."""
     buf = io.StringIO()
     extras = sorted({k for r in report.rows for k in r.extra})
-    fields = [k for k in Row.__dataclass_fields__ if k not in ("extra", "ci", "members", "n")]
+    probed = sorted({k for r in report.rows for k in r.probe})  # a column per probe metric
+    skip = ("extra", "probe", "ci", "members", "n")
+    fields = [k for k in Row.__dataclass_fields__ if k not in skip]
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(fields + extras)
+    writer.writerow(fields + extras + probed)
     for r in report.rows:
         d = asdict(r)
         writer.writerow(
-            ["" if d[k] is None else d[k] for k in fields] + [r.extra.get(k, "") for k in extras]
+            ["" if d[k] is None else d[k] for k in fields]
+            + [r.extra.get(k, "") for k in extras]
+            + [r.probe.get(k, "") for k in probed]
         )
     return buf.getvalue()
 
@@ -234,6 +238,7 @@ def print_table(report: Report, console, wide: bool = False) -> None:
     """The report on a rich ``console``: a table, then the findings (word-wrapped at a
     terminal; one line each in a log file)."""
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
     headers, body = table_cells(report, wide, width=None if wide else CONSOLE_WIDTH)
@@ -243,8 +248,9 @@ def print_table(report: Report, console, wide: bool = False) -> None:
     for i, h in enumerate(headers):
         right = text_columns <= i < len(headers) - (1 if wide else 0)
         table.add_column(h, justify="right" if right else "left", no_wrap=True)
+    # Text, not markup: a cell or a finding may hold brackets (precision.keep_fp32=[fc1])
     for row in body:
-        table.add_row(*row)
+        table.add_row(*map(escape, row))
     needed = _width(headers, body)
     if wide and needed > console.width:
         # As wide as its columns need: rich would squeeze the table into the console's width,
@@ -257,13 +263,13 @@ def print_table(report: Report, console, wide: bool = False) -> None:
     console.print("[bold]Findings[/]")
     if console.soft_wrap:  # not a terminal: one line per finding
         for f in report.findings:
-            console.print(f"  - {f}")
+            console.print(f"  - {escape(f)}")
         return
     findings = Table.grid(padding=(0, 1))  # a terminal: wrapped under their own first word
     findings.add_column(no_wrap=True)
     findings.add_column()
     for f in report.findings:
-        findings.add_row("  -", f)
+        findings.add_row("  -", escape(f))
     console.print(findings)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ampsweep.measure import capacity
 from ampsweep.precision.modes import BASELINE
+from ampsweep.report import numerics
 from ampsweep.report.model import Row, RunData, is_number
 from ampsweep.tracking.store import DATASET, ERROR, FINISHED, FP8_EMULATED, JOB_NUM, MODEL
 
@@ -106,6 +107,7 @@ def compute_rows(
             max_batch=max_batch(m, budget),
             emulated=run.tags.get(FP8_EMULATED) == "true",
             fp8_flop_share=m.get("fp8/flop_share"),
+            **numerics.row_fields(run),
         )
         base = find_baseline(run, runs, baseline_mode)
         if base is None:
