@@ -35,8 +35,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Variables a developer's shell may hold that would send a test's runs somewhere else, or make
-# a job signal itself (the test hook of app.job).
-FOREIGN_ENV = ("MLFLOW_TRACKING_URI", "AMPSWEEP_TEST_SIGNAL_AT_STEP", "WORLD_SIZE", "RANK")
+# a job think it is one rank of a DDP group.
+FOREIGN_ENV = ("MLFLOW_TRACKING_URI", "WORLD_SIZE", "RANK")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
@@ -283,6 +283,13 @@ def cli_env(env: dict | None = None) -> dict:
     for name in FOREIGN_ENV:
         full.pop(name, None)
     return {**full, **(env or {})}
+
+
+def callback_env(env: dict | None = None) -> dict:
+    """``env`` for a subprocess whose config names a callback of tests/callbacks.py (this
+    folder on its PYTHONPATH, after the checkout's sources)."""
+    path = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
+    return {**(env or {}), "PYTHONPATH": path}
 
 
 def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600):

@@ -11,12 +11,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from callbacks import signal_at_step
 from conftest import all_runs, resumable
 
 from ampsweep.app import job
 from ampsweep.config import compose as config
 from ampsweep.engine import checkpoint, loop
-from ampsweep.engine.loop import TrainState
 from ampsweep.tracking import store
 
 METRICS_CPU = {
@@ -230,46 +230,21 @@ def test_a_signal_outside_the_training_loop_stops_at_once():
     assert signal.getsignal(signal.SIGTERM) is not stop._handle  # uninstalled
 
 
-def test_the_test_hook_signals_at_its_step(store_uri, quick, monkeypatch, capsys):
+def test_a_callback_stops_a_run_that_resumes_without_it(store_uri, quick, capsys):
+    """A callback from the config signals at step 3; the run, stopped with a checkpoint, is
+    resumed by a command without the callback: the same run (callbacks are not in the hash)."""
     in_main_thread()
-    monkeypatch.setenv(job.SIGNAL_AT_STEP, "3:SIGTERM")
     command = job.CommandContext()
     with pytest.raises(KeyboardInterrupt):
-        run(store_uri, quick, command=command)
+        run(store_uri, quick, signal_at_step(3, "SIGTERM"), command=command)
     (r,) = all_runs(store_uri)
     assert r.info.status == "KILLED"
     assert r.data.tags["error"].startswith("interrupted (stopped at step 3, checkpoint ")
     assert "SIGTERM: stopping after this step" in capsys.readouterr().err
     assert command.outcomes[-1].exit_code == job.EXIT_KILLED
-
-
-@pytest.mark.parametrize(
-    "value,expected",
-    [
-        ("14:SIGKILL", (14, signal.SIGKILL, {})),
-        ("6:SIGTERM:job=1", (6, signal.SIGTERM, {"job": 1})),
-        ("2:SIGINT:rank=1", (2, signal.SIGINT, {"rank": 1})),
-    ],
-)
-def test_the_test_hook_reads_step_signal_and_whom(value, expected):
-    assert job.signal_at_step(value) == expected
-
-
-@pytest.mark.parametrize("value", ["SIGKILL", "x:SIGKILL", "3:SIGNOPE", "3:SIGTERM:node=2"])
-def test_a_malformed_test_hook_is_refused(value):
-    with pytest.raises(ValueError, match=job.SIGNAL_AT_STEP):
-        job.signal_at_step(value)
-
-
-def test_the_test_hook_signals_only_the_job_it_names(monkeypatch):
-    monkeypatch.setenv(job.SIGNAL_AT_STEP, "6:SIGTERM:job=1")
-    sent = []
-    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    for num in (0, 1, None):
-        for callback in job.SignalAtStep.for_job(num, rank=0):
-            for step in range(1, 10):
-                callback.after_step(TrainState(step=step))
-    assert sent == [(os.getpid(), signal.SIGTERM)]  # job 1 at step 6, once
+    again = run(store_uri, quick, "trainer.resume=auto")
+    assert again.status == "FINISHED" and again.run_id == r.info.run_id
+    assert store.client_for(store_uri).get_run(r.info.run_id).data.tags["resumed_at_step"] == "3"
 
 
 def test_sigterm_after_the_last_step_keeps_the_run_finished_and_stops(

@@ -4,6 +4,8 @@ refusals of ``-m`` with ``trainer.nproc>1``, and a sweep with failing jobs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import all_runs, free_port
 
@@ -26,7 +28,21 @@ BAD = [
     (["precision=fp16_pure"], "precision=fp16_pure"),
     (["dataset=mnist", "dataset.root={tmp}/data"], "dataset=mnist"),
     (["dataset=imagefolder", "dataset.root={tmp}/images"], "dataset.root={tmp}/images"),
-]
+    # trainer.callbacks: tests/callbacks.py is on the path of in-process tests
+    (["trainer.callbacks=[{_target_: nosuchpkg.Hook}]"],
+     "trainer.callbacks[0]._target_=nosuchpkg.Hook: no module named 'nosuchpkg'"),
+    (["trainer.callbacks=[{_target_: callbacks.RecordStep, path: x}]"],
+     "did you mean callbacks.RecordSteps?"),
+    (["trainer.callbacks=[{_target_: callbacks.NoHooks}]"],
+     "NoHooks has no before_update or after_step method: a callback has"),
+    (["trainer.callbacks=[{_target_: callbacks.signal_at_step, step: 3}]"],
+     "callbacks.signal_at_step: a function, not a class"),
+    (["trainer.callbacks=[{_target_: callbacks.RecordSteps, paht: x}]"],
+     "trainer.callbacks[0].paht=x: unknown key 'paht'"),
+    (["trainer.callbacks=[{every: 3}]"], "trainer.callbacks[0]={'every': 3}: no _target_"),
+    (["trainer.callbacks={_target_: callbacks.RecordSteps}"],
+     "trainer.callbacks={_target_: callbacks.RecordSteps}: "),
+]  # fmt: skip
 BAD_STORE = (["tracking.uri=sqlite:////no/such/folder/mlflow.db"], "tracking.uri=sqlite:////no")
 
 
@@ -72,6 +88,24 @@ def test_unreachable_server_fails_fast_before_training(tmp_path, quick, main, mo
         assert len(err.splitlines()) == 1 and "Traceback" not in err
         assert "steps" not in result.out  # no training started
         assert not (tmp_path / "outputs").exists()
+
+
+def test_a_callback_from_the_config_sees_every_step(tmp_path, store_uri, quick, main):
+    """trainer.callbacks: instantiated by the job, called before each update (gradients there)
+    and after each step; recorded as a param, and not part of the config hash."""
+    steps = tmp_path / "steps.jsonl"
+    hook = f"trainer.callbacks=[{{_target_: callbacks.RecordSteps, path: '{steps}'}}]"
+    result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}", hook)
+    assert result.code == 0, result.err
+    seen = [json.loads(line) for line in steps.read_text().splitlines()]
+    expected = [[{"before_update": n, "grads": True}, {"after_step": n}] for n in range(1, 7)]
+    assert seen == [record for pair in expected for record in pair]
+    assert main("train", *quick, "model=mlp", f"tracking.uri={store_uri}").code == 0
+    with_hook, without = sorted(all_runs(store_uri), key=lambda r: r.info.start_time)
+    recorded = with_hook.data.params["trainer.callbacks"]
+    assert recorded == str([{"_target_": "callbacks.RecordSteps", "path": str(steps)}])
+    assert without.data.params["trainer.callbacks"] == "[]"
+    assert with_hook.data.tags[store.CONFIG_HASH] == without.data.tags[store.CONFIG_HASH]
 
 
 def test_split_train_args():

@@ -82,7 +82,10 @@ BAD = [
     ("optimizer.lr=-1", ["optimizer.lr=-1", "must be > 0", "optimizer.lr=1e-3"]),
     ("trainer.device=gpu", ["trainer.device=gpu", "choose one of auto, cuda, cpu"]),
     ("precision.name=fp8", ["precision.name=fp8", "choose one of", "fp16"]),
-]
+    ("trainer.callbacks={_target_: a.B}",
+     ["trainer.callbacks={_target_: a.B}", "write a list of mappings", "trainer.callbacks=[{"]),
+    ("trainer.callbacks=[a.B]", ["trainer.callbacks=[a.B]", "write a list of mappings"]),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("override,expected", BAD, ids=[b[0] for b in BAD])
@@ -341,6 +344,21 @@ def test_a_target_section_round_trips_through_the_logged_yaml():
     flat = config.flatten(cfg)
     assert flat["loss._target_"] == "torch.nn.functional.cross_entropy"
     assert "model._target_" not in flat  # only set ones are shown
+
+
+def test_callbacks_are_a_typed_list_logged_as_one_param():
+    """trainer.callbacks: empty by default; each entry typed and its defaults filled in by
+    resolve (the logged config says what ran); the whole list one param; the YAML reads back."""
+    assert config.load([]).trainer.callbacks == []
+    hook = "trainer.callbacks=[{_target_: callbacks.SignalAtStep, step: '6', signal: SIGTERM}]"
+    cfg = resolve(config.load([hook]))
+    entry = {"_target_": "callbacks.SignalAtStep", "step": 6, "signal": "SIGTERM", "job": None,
+             "rank": None}  # fmt: skip
+    assert cfg.trainer.callbacks == [entry]
+    assert config.flatten(cfg)["trainer.callbacks"] == str([entry])
+    text = config.to_yaml(cfg)
+    back = config.to_config(OmegaConf.merge(OmegaConf.structured(Schema), OmegaConf.create(text)))
+    assert back == cfg
 
 
 def test_a_saved_job_config_gets_ampsweeps_run_settings(tmp_path):

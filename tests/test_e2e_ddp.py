@@ -13,9 +13,9 @@ import time
 
 import pytest
 import torch
-from conftest import EXACT, REPO, all_runs, run_cli
+from callbacks import signal_at_step
+from conftest import EXACT, REPO, all_runs, callback_env, run_cli
 
-from ampsweep.app import job
 from ampsweep.tracking import store
 
 # Each rank builds and trains the same config through train.build/fit, then saves its
@@ -138,11 +138,12 @@ def test_a_crashing_rank_ends_the_command_non_zero_without_hanging(tmp_path, sto
     agent ends rank 0 and the command exits non-zero in seconds, not at some timeout."""
     args = ["train", *EXACT, "trainer.batch_size=16", "trainer.nproc=2"]
     args += ["trainer.max_steps=400", "trainer.epochs=100", f"tracking.uri={store_uri}"]
+    args += [signal_at_step(3, "SIGKILL", rank=1)]
     started = time.monotonic()
     proc = run_cli(
         args,
         tmp_path,
-        env={"OMP_NUM_THREADS": "1", job.SIGNAL_AT_STEP: "3:SIGKILL:rank=1"},
+        env=callback_env({"OMP_NUM_THREADS": "1"}),
         timeout=240,
     )
     took = time.monotonic() - started

@@ -1,13 +1,15 @@
-"""A real ``ampsweep train`` process stopped at a known step (the job's test hook sends the
-signal there), then resumed: SIGKILL, then ``trainer.resume=auto`` continues the same MLflow
-run to exactly the uninterrupted result; SIGTERM writes a checkpoint and ends the run KILLED."""
+"""A real ``ampsweep train`` process stopped at a known step (a callback from the config,
+tests/callbacks.py, sends the signal there), then resumed without the callback: SIGKILL, then
+``trainer.resume=auto`` continues the same MLflow run to exactly the uninterrupted result;
+SIGTERM writes a checkpoint and ends the run KILLED."""
 
 from __future__ import annotations
 
 import signal
 
 import pytest
-from conftest import all_runs, resumable, run_cli
+from callbacks import signal_at_step
+from conftest import all_runs, callback_env, resumable, run_cli
 
 from ampsweep.app import job
 from ampsweep.config import compose as config
@@ -32,7 +34,8 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, store_uri, main, mo
         *resumable(tmp_path / "ck", "trainer.max_steps=36", "trainer.checkpoint_every=4", *mode),
         f"tracking.uri={store_uri}",
     ]
-    killed_proc = run_cli(["train", *args], tmp_path, env={job.SIGNAL_AT_STEP: "14:SIGKILL"})
+    kill = signal_at_step(14, "SIGKILL")
+    killed_proc = run_cli(["train", *args, kill], tmp_path, env=callback_env())
     assert killed_proc.returncode == -signal.SIGKILL, killed_proc.stderr[-2000:]
     saved = sorted((tmp_path / "ck").glob("*/*/step-*.pt"))
     assert [p.name for p in saved] == ["step-00000008.pt", "step-00000012.pt"]  # keep=2
@@ -42,7 +45,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, store_uri, main, mo
     resumed_from = checkpoint.load(saved[-1])
     assert resumed_from["state"]["step"] == 12
 
-    resumed = main("train", *args, "trainer.resume=auto")
+    resumed = main("train", *args, "trainer.resume=auto")  # the callback is not the run's
     assert resumed.code == 0, resumed.err
     assert f"resuming from {saved[-1]}" in resumed.out.replace("\n", "")
     reference = job.run_job(config.load([*args, "tracking.experiment=reference"]))
@@ -65,9 +68,9 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, store_uri, main, mo
 def test_sigterm_checkpoints_and_ends_killed(tmp_path, store_uri):
     args = resumable(tmp_path / "ck", "trainer.epochs=20", "trainer.checkpoint_every=3")
     proc = run_cli(
-        ["train", *args, f"tracking.uri={store_uri}"],
+        ["train", *args, f"tracking.uri={store_uri}", signal_at_step(4, "SIGTERM")],
         tmp_path,
-        env={job.SIGNAL_AT_STEP: "4:SIGTERM"},
+        env=callback_env(),
     )
     assert proc.returncode == job.EXIT_KILLED, proc.stderr
     assert "SIGTERM: stopping after this step, with a checkpoint" in proc.stderr

@@ -1,11 +1,12 @@
-"""A sweep stopped by SIGTERM in its second job (a real process) and launched again: nothing
-finished is redone, the interrupted job continues its own run, and skip_finished=false reruns a
-config."""
+"""A sweep stopped by SIGTERM in its second job (a real process; a callback from the config
+sends the signal) and launched again without the callback: nothing finished is redone, the
+interrupted job continues its own run, and skip_finished=false reruns a config."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import resumable, run_cli
+from callbacks import signal_at_step
+from conftest import callback_env, resumable, run_cli
 
 from ampsweep.app import job
 from ampsweep.tracking import store
@@ -20,7 +21,8 @@ def test_relaunched_sweep_skips_finished_and_resumes_interrupted(tmp_path, store
         *resumable(tmp_path / "ck", "trainer.max_steps=12", "trainer.checkpoint_every=3"),
         f"tracking.uri={store_uri}",
     ]
-    stopped = run_cli(["train", *args], tmp_path, env={job.SIGNAL_AT_STEP: "6:SIGTERM:job=1"})
+    stop = signal_at_step(6, "SIGTERM", job=1)
+    stopped = run_cli(["train", *args, stop], tmp_path, env=callback_env())
     assert stopped.returncode == job.EXIT_KILLED, stopped.stderr
     client = store.client_for(store_uri)
     first = client.search_runs(["1"], order_by=["attributes.start_time ASC"])

@@ -1,7 +1,8 @@
 """End to end through ``ampsweep``'s command line (in-process): a sweep with repeats prints a
 report whose every verdict carries an interval, and gives the same report as explicit seeds; an
-fp8 run in emulation is recorded with its converted layers and reproduces; capacity and memory
-budgets; and every bad input of these as one line, exit 2, nothing recorded."""
+fp8 run in emulation is recorded with its converted layers and reproduces; a reproduction never
+runs the callbacks a recorded config names; capacity and memory budgets; and every bad input of
+these as one line, exit 2, nothing recorded."""
 
 from __future__ import annotations
 
@@ -107,6 +108,27 @@ def test_fp8_emulated_run_is_recorded_and_reproduces(tmp_path, store, quick, cap
     again = next(r for r in runs_in(store) if r.info.run_id != run.info.run_id)
     assert again.data.tags["reproduces"] == run.info.run_id
     assert again.data.tags["fp8.converted"] == "4"
+
+
+def test_reproduce_never_runs_the_runs_callbacks(tmp_path, store, quick, main):
+    """A callback is code that whoever recorded the run named: reproducing the run leaves it
+    out (and says so); a callback given to reproduce itself runs."""
+    theirs, mine = tmp_path / "theirs.jsonl", tmp_path / "mine.jsonl"
+    hook = "trainer.callbacks=[{{_target_: callbacks.RecordSteps, path: '{}'}}]"
+    first = main("train", *quick, "model=mlp", f"tracking.uri={store}", hook.format(theirs))
+    assert first.code == 0, first.err
+    (run,) = runs_in(store)
+    recorded = theirs.read_text()
+    assert len(recorded.splitlines()) == 12  # before and after each of the 6 steps
+    again = main("reproduce", run.info.run_id, f"tracking.uri={store}")
+    assert again.code == 0, again.err
+    assert "the run's trainer.callbacks are not run (callbacks.RecordSteps)" in again.err
+    assert theirs.read_text() == recorded  # not called again
+    own = main("reproduce", run.info.run_id, f"tracking.uri={store}", hook.format(mine))
+    assert own.code == 0, own.err
+    assert theirs.read_text() == recorded and len(mine.read_text().splitlines()) == 12
+    copies = [r for r in runs_in(store) if r.data.tags.get("reproduces") == run.info.run_id]
+    assert sorted(r.data.params["trainer.callbacks"] != "[]" for r in copies) == [False, True]
 
 
 BAD = [

@@ -31,14 +31,15 @@ def small(tmp_path: Path, *extra: str) -> list[str]:
     return [*resumable(tmp_path / "ck", *extra), "tracking=none"]
 
 
-class StopAt(loop.NoStop):
-    """A stop request (SIGTERM) arriving during optimizer step ``n``."""
+class StopAt(loop.Callback):
+    """A stop request (SIGTERM) arriving during optimizer step ``n``: the stop request and
+    the callback that sets it, as the job's StopRequest is set by its signal handler."""
 
     def __init__(self, n: int):
         self.n, self.requested = n, False
 
-    def after_step(self, step: int) -> None:
-        self.requested = step >= self.n
+    def after_step(self, state: loop.TrainState) -> None:
+        self.requested = state.step >= self.n
 
 
 def train_logged(cfg, state=None, stop=None, run_id="r"):
@@ -53,6 +54,7 @@ def train_logged(cfg, state=None, stop=None, run_id="r"):
         state=state,
         checkpoints=ckpts,
         stop=stop or loop.NoStop(),
+        callbacks=[stop] if stop else [],
     )
     return summary, logged, ckpts, setup
 

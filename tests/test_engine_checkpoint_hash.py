@@ -1,4 +1,5 @@
-"""engine.checkpoint: how a run is recorded is not part of what determines its result."""
+"""engine.checkpoint: how a run is recorded, and what watches it, are not part of what
+determines its result."""
 
 from __future__ import annotations
 
@@ -15,3 +16,10 @@ def test_recording_settings_leave_the_config_hash_alone():
         load(["tracking.system_metrics_interval=0.5", "tracking.register_model=digits-cnn"])
     )
     assert base != config_hash(load(["trainer.seed=1"]))
+
+
+def test_callbacks_leave_the_config_hash_alone():
+    """A run a callback stopped resumes without it, and a sweep relaunched without it finds
+    its finished runs."""
+    hook = "trainer.callbacks=[{_target_: callbacks.RecordSteps, path: steps.jsonl}]"
+    assert config_hash(load([hook])) == config_hash(load([]))

@@ -34,10 +34,6 @@ from ampsweep.tracking.secrets import mask_text
 from ampsweep.tracking.sweep import SweepInfo, record_skip
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED = 2, 1, 130
-# A test hook: "STEP:SIGNAL[:job=N][:rank=N]" makes the job (job N of a sweep, rank N of a DDP
-# group; every one when not given) send SIGNAL to its own process right after optimizer step
-# STEP, so tests stop a run at a known step instead of racing it with a clock.
-SIGNAL_AT_STEP = "AMPSWEEP_TEST_SIGNAL_AT_STEP"
 
 
 @dataclass
@@ -182,47 +178,6 @@ class StopRequest:
             self.deferring = before
 
 
-class SignalAtStep:
-    """The training loop callback of SIGNAL_AT_STEP: send ``sig`` to this process right after
-    optimizer step ``step``."""
-
-    def __init__(self, step: int, sig: signal.Signals):
-        self.step, self.sig = step, sig
-
-    def before_update(self, view) -> None: ...
-
-    def after_step(self, state) -> None:
-        if state.step == self.step:
-            os.kill(os.getpid(), self.sig)
-
-    @classmethod
-    def for_job(cls, job_num: int | None, rank: int) -> list[SignalAtStep]:
-        """The callback SIGNAL_AT_STEP asks for, if it names this job and rank."""
-        value = os.environ.get(SIGNAL_AT_STEP)
-        if not value:
-            return []
-        step, sig, whom = signal_at_step(value)
-        if whom.get("job", job_num) != job_num or whom.get("rank", rank) != rank:
-            return []
-        return [cls(step, sig)]
-
-
-def signal_at_step(value: str) -> tuple[int, signal.Signals, dict[str, int]]:
-    """``STEP:SIGNAL[:job=N][:rank=N]`` (see SIGNAL_AT_STEP) as (step, signal, {who: number})."""
-    step, _, rest = value.partition(":")
-    name, *whom = rest.split(":")
-    try:
-        targets = {k: int(v) for k, v in (w.split("=", 1) for w in whom)}
-        if not set(targets) <= {"job", "rank"}:
-            raise ValueError
-        return int(step), signal.Signals[name], targets
-    except (KeyError, ValueError):
-        raise ValueError(
-            f"{SIGNAL_AT_STEP}={value}: expected STEP:SIGNAL[:job=N][:rank=N], "
-            "e.g. 12:SIGKILL or 6:SIGTERM:job=1"
-        ) from None
-
-
 def default_run_name(cfg: Config) -> str:
     return f"{cfg.precision.name}-{cfg.model.name}-{cfg.dataset.name}"
 
@@ -280,7 +235,6 @@ class Job:
         self.recorder = NullRecorder()
         requeue = slurm.requeue_signal() if rank.is_main else None
         self.stop = StopRequest(requeue)
-        self.callbacks = SignalAtStep.for_job(ctx.job_num, rank.rank)
         self.setup = None  # once built: what the run's end records of its numerics
 
     # ---------------------------------------------------------------- the phases
@@ -403,7 +357,7 @@ class Job:
 
     def train(self, setup, ckpt: dict | None) -> dict:
         from ampsweep.app.environment import run_tags
-        from ampsweep.engine import checkpoint
+        from ampsweep.engine import callbacks, checkpoint
         from ampsweep.engine.loop import NoCheckpoints, fit
 
         cfg, recorder = setup.cfg, self.recorder
@@ -429,11 +383,9 @@ class Job:
         if self.rank.is_main:
             console.console.print(f"checkpoints: {folder}")
         progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
+        hooks = callbacks.instantiate(cfg.trainer.callbacks)  # the user's, checked by plan
         with self.stop.deferred():  # a signal during training stops at a step boundary
-            return fit(
-                setup, recorder.log_metrics, progress, state, checkpoints, self.stop,
-                self.callbacks,
-            )  # fmt: skip
+            return fit(setup, recorder.log_metrics, progress, state, checkpoints, self.stop, hooks)
 
     def close(self, setup, summary: dict) -> JobOutcome:
         final_step = int(summary["train/steps"])

@@ -10,6 +10,10 @@ the run's (git commit, dirty tree, ampsweep or torch version, or the code of a `
 component: its package version, git commit or module file) a warning says so first; at the
 end a warning names any recorded fact about the data that differs (e.g. a text's digest), and
 both runs' final metrics are printed side by side with their differences.
+
+The run's ``trainer.callbacks`` are never run: a callback is code that whoever recorded the run
+named, and it is not part of what the run computes (the config hash leaves it out). A note
+names the ones left out; callbacks given as overrides run, as in ``ampsweep train``.
 """
 
 from __future__ import annotations
@@ -174,6 +178,7 @@ def primary_config(run_id: str, text: str, overrides: list[str], folder: Path) -
 
     cfg = OmegaConf.create(text)
     cfg.trainer.resume = None  # a reproduction is a new run, never a continuation
+    cfg.trainer.callbacks = []  # the recorder's code: only the user's own overrides add any
     plain = []
     for o in overrides:
         key, _, value = o.partition("=")
@@ -190,6 +195,14 @@ def primary_config(run_id: str, text: str, overrides: list[str], folder: Path) -
     return plain
 
 
+def recorded_callbacks(text: str) -> list[str]:
+    """The ``_target_`` of each of the ``trainer.callbacks`` a logged config names."""
+    from omegaconf import OmegaConf
+
+    trainer = OmegaConf.create(text).get("trainer") or {}
+    return [str(spec.get("_target_")) for spec in trainer.get("callbacks") or []]
+
+
 def reproduce(run_id: str, overrides: list[str]) -> int:
     from ampsweep.app.job import CommandContext
     from ampsweep.app.train import cmd_train
@@ -203,6 +216,13 @@ def reproduce(run_id: str, overrides: list[str]) -> int:
     )
     for line in code_differences(tags):
         console.errors.print(f"[bold yellow]warning:[/] code differs: {line}", soft_wrap=True)
+    dropped = recorded_callbacks(text)
+    if dropped:
+        console.note(
+            f"the run's trainer.callbacks are not run ({', '.join(dropped)}): a reproduction "
+            "runs only callbacks given here, e.g. 'trainer.callbacks=[{_target_: "
+            "mypkg.hooks.MyCallback}]'"
+        )
     folder = (Path("outputs") / "reproduce" / run_id).resolve()
     extra = primary_config(run_id, text, overrides, folder)
     console.console.print(f"config: {folder / 'config.yaml'}")

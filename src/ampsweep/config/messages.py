@@ -58,6 +58,7 @@ def _override_for(key: str, overrides: list[str]) -> str:
 
 
 KIND_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+CALLBACKS = "trainer.callbacks"
 
 
 def explain(
@@ -117,6 +118,13 @@ def explain(
         )
     if "Missing mandatory value" in cause_text or "MissingMandatoryValue" in type(cause).__name__:
         return f"{full_key}: this key has no value: set it, e.g. {full_key}=..."
+    merging = re.search(r"Error merging override [~+]*([^=\s]+)=", text)
+    if (merging.group(1) if merging else full_key) == CALLBACKS:  # a list of a wrong shape
+        shape = cause_text.rstrip(".")
+        return (
+            f"{_override_for(CALLBACKS, overrides)}: {shape}: write a list of mappings, each a "
+            f"class and its arguments, e.g. {CALLBACKS}=[{{_target_: mypkg.hooks.Hook}}]"
+        )
     if full_key:
         return f"{_override_for(full_key, overrides)}: {cause_text}"
     return " ".join(text.split())

@@ -170,6 +170,11 @@ class TrainerConfig:
     max_nonfinite_steps: int = 20
     # processes for DistributedDataParallel (1: no DDP); >1 starts torchrun's elastic launcher
     nproc: int = 1
+    # Per-step hooks, each in Hydra's instantiate form ({_target_: pkg.mod.Class, arg: value}):
+    # a class with before_update(view) and after_step(state) (engine.loop.Callback). They are
+    # meant to watch or stop a run, so they are not part of its identity (the config hash): a
+    # callback that edits the gradients it is shown changes the result, not the hash.
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- tracking

@@ -38,10 +38,12 @@ from ampsweep.engine.loop import TrainState
 FORMAT = 1
 DEFAULT_ROOT = Path("outputs") / "checkpoints"
 END_SUFFIX = "-end.pt"  # the checkpoint written when training reached its end
-# Keys that say only where things are written, how often, or how they are shown: they may
+# Keys that say only where things are written, how often, how they are shown, or what
+# watches the run (trainer.callbacks: a run a callback stopped resumes without it): they may
 # differ between a checkpoint and the command resuming it, and they are left out of the hash.
 NOT_HASHED = (
     "trainer.resume",
+    "trainer.callbacks",
     "trainer.checkpoint_dir",
     "trainer.checkpoint_every",
     "trainer.keep_checkpoints",

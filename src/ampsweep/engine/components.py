@@ -2,9 +2,10 @@
 
 ``resolve`` looks up the model, data set, optimizer, task and loss a config names (a
 registered builder, or the callable a ``_target_`` names, imported here) and checks each one's
-settings against its signature and checks, then the rules between components (a model and a
-data set of the task the config names; a component's ``fits`` rule, e.g. the GPT's block size
-against the data's sequence length): every problem in one message. The config it returns has
+settings against its signature and checks (each of ``trainer.callbacks`` too: see
+``engine.callbacks``), then the rules between components (a model and a data set of the task
+the config names; a component's ``fits`` rule, e.g. the GPT's block size against the data's
+sequence length): every problem in one message. The config it returns has
 every setting typed and every default filled in, so the logged params and the config hash say
 exactly what ran.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ampsweep.config.schema import Config, ConfigError
+from ampsweep.engine import callbacks
 from ampsweep.engine.data import DATASETS
 from ampsweep.engine.losses import LOSSES
 from ampsweep.engine.models import MODELS
@@ -51,9 +53,11 @@ def resolve(cfg: Config) -> Config:
         problems.extend(found)
         resolved[section] = replace(component, args=args)
         found_builders[section] = builder
+    hooks, found = callbacks.resolve(cfg.trainer.callbacks)
+    problems.extend(found)
     if problems:
         raise ConfigError("; ".join(problems))
-    cfg = replace(cfg, **resolved)
+    cfg = replace(cfg, **resolved, trainer=replace(cfg.trainer, callbacks=hooks))
     problems = task_problems(cfg, found_builders)
     for section, builder in found_builders.items():
         fits = builder.info.get("fits")  # a rule between this component and the others
