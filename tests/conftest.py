@@ -224,6 +224,20 @@ def all_runs(uri: str) -> list:
     return client.search_runs(exps, max_results=10000) if exps else []
 
 
+# ---------------------------------------------------------------- small models
+
+
+class Gain(torch.nn.Module):
+    """``x * gain``: a module whose output leaves fp16's range for a large gain."""
+
+    def __init__(self, gain: float):
+        super().__init__()
+        self.gain = gain
+
+    def forward(self, x):
+        return x * self.gain
+
+
 # ---------------------------------------------------------------- configs and commands
 
 

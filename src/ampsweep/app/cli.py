@@ -1,4 +1,4 @@
-"""The ``ampsweep`` command: train, report, reproduce, capacity, ui.
+"""The ``ampsweep`` command: train, report, reproduce, capacity, doctor, ui.
 
 Kept light at import time: torch and mlflow are imported only by the subcommands that need
 them, so ``--help`` and config errors answer at once.
@@ -27,11 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    from ampsweep.app import capacity, reproduce
+    from ampsweep.app import capacity, doctor, reproduce
     from ampsweep.precision.modes import BASELINE
 
     reproduce.add_parser(sub)
     capacity.add_parser(sub)
+    doctor.add_parser(sub)
     store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
     rep = sub.add_parser(
         "report",
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 # on 2 cores. Imported up front with the collector off, then frozen, no collection scans them.
 # MLflow's SQLite store is among them: the default store (a 1-step run 3.12 s with it here,
 # 3.33 s without), though runs with tracking=none or a server then import it for nothing (0.3 s).
-TRAINING_COMMANDS = ("train", "reproduce", "capacity")
+TRAINING_COMMANDS = ("train", "reproduce", "capacity", "doctor")
 PRELOAD = (
     "torch", "torch._dynamo", "hydra", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
     "ampsweep.engine.components", "ampsweep.tracking.sweep", "ampsweep.app.job",

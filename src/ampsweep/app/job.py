@@ -367,6 +367,8 @@ class Job:
         tags.update(store.fp8_tags(setup.fp8.converted, setup.fp8.kept, setup.fp8.emulated))
         recorder.set_tags(tags)
         recorder.log_inputs(setup.data_inputs)  # the train and validation sets, by digest
+        if cfg.diagnostics.numerics and self.rank.is_main:
+            self._probe(setup)
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = checkpoint.folder_for(cfg, recorder.run_id)
         checkpoints = NoCheckpoints()
@@ -446,19 +448,44 @@ class Job:
 
     # ---------------------------------------------------------------- helpers
 
-    def _record_numerics(self, setup) -> None:
-        """Where the run's first non-finite value began: tags, an artifact, a metric."""
+    def _record_numerics(self, setup, failed: bool = False) -> None:
+        """Where the run's first non-finite value began: tags, an artifact (and the count of
+        non-finite steps for a failed run, whose summary is never logged)."""
+        lost = next((c.shares for c in setup.callbacks if getattr(c, "shares", None)), None)
+        if lost and self.recorder.run_id is not None:  # a pure run's own rounding losses
+            worst = sorted(((k, v) for k, v in lost.items() if k != "(all)"), key=lambda x: -x[1])
+            self.recorder.set_tags(
+                {"numerics.update_lost_layers": ",".join(f"{k}={v:.2f}" for k, v in worst[:8])}
+            )
         origin = setup.locator.origin
         if origin is None or self.recorder.run_id is None:
             return
         import tempfile
 
         self.recorder.set_tags(origin.tags())
-        self.recorder.log_metrics(
-            {"numerics/nonfinite_steps": float(setup.locator.nonfinite_steps)}, origin.step
-        )
+        if failed:
+            count = float(setup.locator.nonfinite_steps)
+            self.recorder.log_metrics({"numerics/nonfinite_steps": count}, origin.step)
         with tempfile.TemporaryDirectory() as tmp:
             self.recorder.log_artifact(origin.write(Path(tmp)), "numerics")
+
+    def _probe(self, setup) -> None:
+        """diagnostics.numerics: the probe's ranges before training, as metrics at step 0,
+        tags and the numerics/probe.json and .md artifacts."""
+        import itertools
+        import tempfile
+
+        from ampsweep.measure.probe import probe
+
+        n = setup.cfg.diagnostics.numerics_batches
+        batches = list(itertools.islice(setup.train_batches.epoch(0), n))
+        found = probe(distributed.unwrap(setup.model), batches, setup.objective,
+                      setup.diagnostics.loss_weight, setup.optimizer)  # fmt: skip
+        self.recorder.log_metrics(found.metrics(), 0)
+        self.recorder.set_tags(found.tags())
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in found.write(Path(tmp)):
+                self.recorder.log_artifact(path, "numerics")
 
     def _say_numerics(self, setup) -> None:
         origin = setup.locator.origin
@@ -487,7 +514,7 @@ class Job:
                 with self.stop.deferred():
                     self.recorder.set_tags(getattr(err, "tags", {}))  # e.g. diverged=true
                     if self.setup is not None:  # where the failure's first NaN began
-                        self._record_numerics(self.setup)
+                        self._record_numerics(self.setup, failed=True)
                     self.recorder.end(store.FAILED, error=message)
             except Exception as end_err:  # the store itself failed: say so, once
                 console.error(f"could not record the failure in MLflow: {store.one_line(end_err)}")

@@ -24,6 +24,7 @@ from ampsweep.engine.tasks import Objective, build_objective, default_objective
 from ampsweep.measure.diagnostics import Diagnostics
 from ampsweep.measure.memory import reset_peak_memory
 from ampsweep.measure.numerics import NoLocator, NonfiniteLocator
+from ampsweep.measure.probe import LostUpdates
 from ampsweep.precision.policy import PrecisionPolicy, build_policy
 
 
@@ -148,6 +149,10 @@ def build(cfg: Config) -> Setup:
     locator = NoLocator()
     if cfg.diagnostics.locate_nonfinite:
         locator = NonfiniteLocator(policy, objective, loss_weight)
+    callbacks = [locator]
+    d = cfg.diagnostics
+    if policy.mode.pure and (d.every or d.numerics):  # the updates its rounding throws away
+        callbacks.append(LostUpdates(policy.mode.dtype, d.every or t.log_every))
     return Setup(
         cfg=cfg,
         device=device,
@@ -175,7 +180,7 @@ def build(cfg: Config) -> Setup:
         fp8=conversion,
         data_inputs=data_inputs,
         locator=locator,
-        callbacks=[locator],
+        callbacks=callbacks,
     )
 
 

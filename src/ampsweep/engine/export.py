@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ampsweep.engine import distributed
+from ampsweep.precision.policy import Fp32Forward
 
 EXAMPLE_VALUES = 65536  # values in the input example (whole rows, at least one)
 
@@ -51,6 +52,9 @@ def snapshot(model: torch.nn.Module, batches) -> ModelSnapshot:
         cpu = t.detach().to("cpu", _fp32(t.dtype), copy=True)
         memo[id(t)] = torch.nn.Parameter(cpu, t.requires_grad) if id(t) in params else cpu
     copied = copy.deepcopy(module, memo).eval()
+    for m in copied.modules():  # all fp32 now: precision.keep_fp32's wrappers have no use left
+        if isinstance(m.__dict__.get("forward"), Fp32Forward):
+            del m.forward
     x, _ = next(iter(batches.epoch(0)))
     per_row = max(1, x[0].numel())
     rows = max(1, min(len(x), EXAMPLE_VALUES // per_row))

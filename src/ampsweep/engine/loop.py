@@ -337,6 +337,7 @@ def summarise(
         "perf/wall_s": totals.wall_s(),
         "mem/activation_mib": totals.meter.mib,
         "amp/skipped_steps": totals.skipped.item(),
+        "numerics/nonfinite_steps": float(s.locator.nonfinite_steps),  # of this process's steps
         "train/steps": state.step,
     }
     if median_ms:

@@ -17,7 +17,8 @@ with hooks on every module, and names where the value began:
   while the gradient flowing into that module's output was finite (a backward overflow of a
   scaled gradient, or a kernel of this device);
 * ``input_grad``: it is the gradient flowing into a module's output, so the module(s) that
-  consumed that output turned their finite output gradient into a non-finite input gradient.
+  consumed that output turned their finite output gradient into a non-finite input gradient;
+* ``not_reproduced``: the replay stayed finite; ``not_hookable``: a module takes no hooks.
 
 The replay runs on copies of the parameters and buffers (``torch.func.functional_call``), so
 the run's weights, gradients, BatchNorm statistics and random state are untouched. A model with
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from ampsweep.measure.probe import HookError, hook_forward
 from ampsweep.precision.modes import FORMATS
 from ampsweep.precision.policy import PrecisionPolicy
 
@@ -58,6 +60,19 @@ class Origin:
     mode: str = ""
     nonfinite_steps: int = 0  # non-finite steps seen in the run so far
     consumers: list[str] = field(default_factory=list)  # input_grad: modules that took it
+    reason: str = ""  # not_hookable: why the model could not be hooked
+    # With a loss scale above 1: whether the same step was non-finite unscaled too (True: not
+    # the scale's doing, a kernel or the values themselves; None: not checked)
+    unscaled_too: bool | None = None
+    # False: a replay of the step stayed finite, so the origin was read off the step's own
+    # gradients (a kernel that is not deterministic); the parameters whose gradient was bad:
+    reproduced: bool = True
+    bad_params: list[str] = field(default_factory=list)
+
+    @property
+    def scaled_overflow(self) -> bool:
+        """Non-finite only because of the loss scale: unscaled, the step was finite."""
+        return bool(self.loss_scale and self.loss_scale > 1 and self.unscaled_too is False)
 
     @property
     def label(self) -> str:
@@ -90,19 +105,37 @@ class Origin:
         if self.kind == "weight_grad":
             cause = (
                 "the scaled gradient overflowed (the scaler backs off and skips the step)"
-                if self.loss_scale and self.loss_scale > 1
+                if self.scaled_overflow
                 else "a backward kernel of this device produced it"
             )
+            size = ""
+            if self.value is not None and math.isfinite(self.value):  # finite, norm overflows
+                size = f" (finite values up to {self.value:.3g}, too large for its norm)"
+            if not self.reproduced:
+                others = len(self.bad_params) - 1
+                also = f" ({others} more parameter(s) too)" if others > 0 else ""
+                return (
+                    f"{at}: the weight gradient of {self.label} ({self.param}){size}{scale} "
+                    f"was non-finite{also} while the loss was finite; a replay of the step at "
+                    "the same weights stayed finite, so a backward kernel of this device "
+                    "produced it, and not every time"
+                )
             return (
                 f"{at}: the first non-finite value was the weight gradient of {self.label} "
-                f"({self.param}){scale}, with finite input and output gradient: {cause}"
+                f"({self.param}){size}{scale}, with finite input and output gradient: {cause}"
             )
         if self.kind == "input_grad":
+            cause = (
+                "the scaled gradient overflowed (the scaler backs off and skips the step)"
+                if self.scaled_overflow
+                else f"its backward overflowed {self.dtype} or failed"
+            )
             return (
                 f"{at}: the first non-finite value was the gradient {self.label} passed back "
-                f"to its input{scale}, from a finite output gradient: its backward overflowed "
-                f"{self.dtype}"
+                f"to its input{scale}, from a finite output gradient: {cause}"
             )
+        if self.kind == "not_hookable":
+            return f"{at}: the loss or a gradient was non-finite; not located: {self.reason}"
         return (
             f"{at}: the loss or a gradient was non-finite, but a replay of the step with the "
             "same weights and inputs stayed finite (random layers such as dropout draw anew): "
@@ -119,7 +152,7 @@ class Origin:
         keep = f"precision.keep_fp32=[{target}]"
         if self.kind == "forward" and self.dtype == "fp16":
             return f"{keep}, or precision=bf16 (fp32's range)"
-        if self.kind == "weight_grad" and self.loss_scale and self.loss_scale > 1:
+        if self.kind in ("weight_grad", "input_grad") and self.scaled_overflow:
             return f"{keep} if it keeps happening (the scaler backs off from occasional ones)"
         return keep
 
@@ -161,13 +194,20 @@ class NonfiniteLocator:
         scale = float(scaler.get_scale()) if scaler.is_enabled() else None
         module = view.module
         origin = None
-        for i, (x, y) in enumerate(view.micro_batches):
-            origin = replay(module, x, y, self.policy, self.objective,
-                            self.loss_weight * (scale or 1.0))  # fmt: skip
-            if origin is not None:
-                origin.micro_batch = i
-                break
-        origin = origin or Origin(step=0, kind="not_reproduced")
+        try:
+            for i, (x, y) in enumerate(view.micro_batches):
+                origin = replay(module, x, y, self.policy, self.objective,
+                                self.loss_weight * (scale or 1.0))  # fmt: skip
+                if origin is not None:
+                    origin.micro_batch = i
+                    if scale and scale > 1 and origin.kind in ("weight_grad", "input_grad"):
+                        unscaled = replay(module, x, y, self.policy, self.objective,
+                                          self.loss_weight)  # fmt: skip
+                        origin.unscaled_too = unscaled is not None
+                    break
+        except HookError as err:  # the run goes on; its record says why it was not located
+            origin = Origin(step=0, kind="not_hookable", reason=str(err))
+        origin = origin or _from_gradients(module, view.losses) or Origin(0, "not_reproduced")
         origin.step, origin.loss_scale, origin.mode = view.step, scale, self.policy.mode.name
         origin.nonfinite_steps = self.nonfinite_steps
         self.origin = origin
@@ -198,6 +238,25 @@ class NoLocator:
 
     def tags(self) -> dict[str, str]:
         return {}
+
+
+def _from_gradients(module: torch.nn.Module, losses: list[torch.Tensor]) -> Origin | None:
+    """The step's own gradients, where a replay stayed finite: the parameters whose gradient
+    is not sound, the one nearest the output named (the last in the model's order, which is
+    about the first the backward pass computes). None if the loss was not finite or no
+    gradient is bad (nothing to tell)."""
+    if not all(bool(torch.isfinite(loss.detach()).all()) for loss in losses):
+        return None
+    bad = [(n, p.grad) for n, p in module.named_parameters()
+           if p.grad is not None and not _sound(p.grad)]  # fmt: skip
+    if not bad:
+        return None
+    name, grad = bad[-1]
+    owner = name.rpartition(".")[0]
+    kind = type(module.get_submodule(owner)).__name__ if owner else type(module).__name__
+    return Origin(0, "weight_grad", owner, kind, param=name, value=_absmax(grad),
+                  dtype=_FORMAT_OF.get(grad.dtype, ""), reproduced=False,
+                  bad_params=[n for n, _ in bad])  # fmt: skip
 
 
 def _nonfinite(view) -> torch.Tensor:
@@ -231,6 +290,17 @@ def _finite(tensors: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
+def _sound(g: torch.Tensor) -> bool:
+    """A gradient that is finite and whose norm is too: what the step's own check reads (the
+    gradients' total norm). A kernel that returns 1e31 is as broken as one that returns NaN,
+    and the next update turns it into NaN."""
+    return bool(torch.isfinite(torch.linalg.vector_norm(g.detach().float())))
+
+
+def _absmax(g: torch.Tensor) -> float:
+    return float(g.detach().abs().max()) if g.numel() else 0.0
+
+
 @dataclass
 class _Call:
     name: str
@@ -260,7 +330,8 @@ def replay(
     calls: list[_Call] = []
     produced: dict[int, str] = {}  # id of an output tensor -> the module that made it
     keep: list[torch.Tensor] = []  # outputs kept alive, so that their ids stay unique
-    events: list[tuple[str, str, str, bool]] = []  # backward: (kind, module, param, finite)
+    # backward, in order: (kind, module, param, sound, largest magnitude)
+    events: list[tuple[str, str, str, bool, float]] = []
 
     def forward_hook(mod, args, kwargs, out):
         name = names.get(id(mod), "")
@@ -273,16 +344,23 @@ def replay(
             keep.append(t)
             if t.requires_grad:
                 t.register_hook(lambda g, name=name: events.append(
-                    ("output", name, "", bool(torch.isfinite(g).all()))))  # fmt: skip
+                    ("output", name, "", _sound(g), _absmax(g))))  # fmt: skip
         if call.inputs_finite and not call.output_finite and call.value is None:
             call.value = _fp32_magnitude(mod, args, kwargs, x.device.type)
 
-    handles = [m.register_forward_hook(forward_hook, with_kwargs=True) for m in module.modules()]
+    handles = []
+    for name, m in module.named_modules():
+        try:
+            handles.append(hook_forward(m, forward_hook, name))
+        except HookError:
+            for h in handles:
+                h.remove()
+            raise
     for pname, p in params.items():
         if p.requires_grad:
             owner = pname.rpartition(".")[0]
             p.register_hook(lambda g, owner=owner, pname=pname: events.append(
-                ("weight", owner, pname, bool(torch.isfinite(g).all()))))  # fmt: skip
+                ("weight", owner, pname, _sound(g), _absmax(g))))  # fmt: skip
     devices = [x.device] if x.device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices):
@@ -330,12 +408,12 @@ def _forward_origin(calls: list[_Call], loss: torch.Tensor) -> Origin | None:
 def _backward_origin(events, calls: list[_Call], produced: dict[int, str], module) -> Origin | None:
     types = {c.name: type(c.module).__name__ for c in calls}
     dtypes = {n: _FORMAT_OF.get(p.dtype, "") for n, p in module.named_parameters()}
-    for kind, name, pname, finite in events:
-        if finite:
+    for kind, name, pname, sound, top in events:
+        if sound:
             continue
         if kind == "weight":
             return Origin(0, "weight_grad", name, types.get(name, ""), param=pname,
-                          dtype=dtypes.get(pname, ""))  # fmt: skip
+                          dtype=dtypes.get(pname, ""), value=top)  # fmt: skip
         # The gradient into ``name``'s output: made by the modules that consumed that output.
         made = {i for i, n in produced.items() if n == name}
         consumers = [c.name for c in calls if c.input_ids & made and c.name != name]

@@ -1,0 +1,107 @@
+"""``ampsweep doctor``: on each model with a known defect it names the module and the format
+limit, prescribes a config, writes it as an experiment, and with --verify the sweep of fp32,
+the failing mode and the prescription shows the prescription training finite with fp32's
+accuracy; a model without a defect gets no prescription; bad input is one line."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import REPO, all_runs
+from omegaconf import OmegaConf
+
+SHORT = ["trainer.max_steps=40", "trainer.epochs=3", "trainer.log_every=5"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, store_uri):
+    """The example project with the defect models, in this test's folder (its store)."""
+    shutil.copytree(REPO / "examples" / "doctor", tmp_path, dirs_exist_ok=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+CASES = {
+    # model, mode, what the doctor must say, the prescription
+    "forward overflow": (
+        ["model=overflow_net"], "fp16",
+        "fp16 output of amplify (Amplify), with finite inputs: its output reaches",
+        "precision=fp16 precision.keep_fp32=[amplify]",
+    ),
+    "broken backward kernel": (
+        ["model=flaky_net"], "bf16",
+        "weight gradient of fc2 (FlakyLinear) (fc2.weight), with finite input and output",
+        "precision=bf16 precision.keep_fp32=[fc2]",
+    ),
+    "gradient underflow": (
+        ["experiment=underflow_demo", "trainer.epochs=2"], "fp16_noscale",
+        "fp16 flushes 9",  # about 94% of the gradient values
+        "precision=fp16 precision.scaler.init_scale=16777216",
+    ),
+    "lost updates": (
+        ["model=heavy_net"], "bf16_pure",
+        "bf16 weights round away the updates of",
+        "precision=bf16",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_doctor_names_prescribes_and_proves(case, project, main, store_uri):
+    args, mode, says, fix = CASES[case]
+    extra = SHORT if args[0].startswith("model=") else []
+    res = main("doctor", "--verify", "--config-dir", "conf", "--modes", mode, *args, *extra)
+    assert res.code == 0, res.err[-3000:]
+    out = " ".join(res.out.split())  # the console wraps long lines
+    assert says in out
+    assert f"{mode}: {fix}" in out
+    verdict = out[out.index("verdict") :]
+    assert f"doctor_{mode} ({fix}): fixed: finite," in verdict
+    written = OmegaConf.load(project / "conf" / "experiment" / "doctor.yaml")
+    assert written.hydra.sweeper.params.precision == f"fp32,{mode},doctor_{mode}"
+    option = OmegaConf.load(project / "conf" / "precision" / f"doctor_{mode}.yaml")
+    assert option.precision.name == fix.split()[0].split("=")[1]
+    runs = all_runs(store_uri)
+    parents = [r for r in runs if r.data.tags.get("ampsweep.sweep") == "true"]
+    assert len(parents) == 1 and len(runs) == 4  # the sweep: a parent with three children
+
+
+def test_a_model_without_a_defect_gets_no_prescription(project, main, store_uri):
+    res = main("doctor", "--modes", "bf16", "model=mlp", "model.width=8", *SHORT)
+    assert res.code == 0, res.err[-2000:]
+    out = " ".join(res.out.split())
+    assert "bf16: held" in out and "No mode failed or lost accuracy: nothing to prescribe." in out
+    assert "safe on this model: bf16 (forward headroom 2^" in out
+    assert not (project / "conf" / "experiment" / "doctor.yaml").exists()
+    assert all_runs(store_uri) == []  # trials are not recorded
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (
+            ["precision=fp16,bf16"],
+            "precision=fp16,bf16: ampsweep doctor examines one configuration",
+        ),
+        (["--modes", "fp17"], "--modes fp17: fp17 is not a mode to examine: choose from"),
+        (["precision.keep_fp32=[nope]", "--modes", "bf16"], "precision.keep_fp32: no module"),
+        (["model.widht=8"], "model.widht"),
+    ],
+)
+def test_bad_input_is_one_line_and_records_nothing(args, words, project, main, store_uri):
+    res = main("doctor", "model=mlp", *args)
+    assert res.code == 2
+    lines = [ln for ln in res.err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words in lines[0], res.err
+    assert all_runs(store_uri) == []
+
+
+def test_verify_where_fp32_cannot_train_says_so_and_runs_no_sweep(project, main, store_uri):
+    res = main("doctor", "--verify", "--config-dir", "conf", "--modes", "bf16",
+               "model=overflow_net", "optimizer.lr=1e30", *SHORT)  # fmt: skip
+    assert res.code == 1
+    assert "fp32 itself does not train on this config" in res.err and "--verify needs it" in res.err
+    assert all_runs(store_uri) == []
