@@ -181,10 +181,16 @@ class NonfiniteLocator:
         self.policy, self.objective, self.loss_weight = policy, objective, loss_weight
         self.origin: Origin | None = None
         self.nonfinite_steps = 0
+        self._params: list[torch.Tensor] | None = None  # the model's, listed once
+
+    def _grads(self, module: torch.nn.Module) -> list[torch.Tensor]:
+        if self._params is None:
+            self._params = list(module.parameters())
+        return [p.grad for p in self._params if p.grad is not None]
 
     def before_update(self, view) -> None:
         """After ``unscale_``, before clipping and the update (the loop's step view)."""
-        if not bool(_nonfinite(view)):  # the one read per step
+        if not bool(_nonfinite(view, self._grads(view.module))):  # the one read per step
             return
         self.nonfinite_steps += 1
         if self.origin is not None:
@@ -259,16 +265,20 @@ def _from_gradients(module: torch.nn.Module, losses: list[torch.Tensor]) -> Orig
                   bad_params=[n for n, _ in bad])  # fmt: skip
 
 
-def _nonfinite(view) -> torch.Tensor:
-    """Whether this step's loss or gradients held inf/NaN, as a 0-dim bool tensor."""
-    losses = torch.stack([loss.detach().float() for loss in view.losses])
-    bad = ~torch.isfinite(losses).all()
+def _nonfinite(view, grads: list[torch.Tensor]) -> torch.Tensor:
+    """Whether this step's loss or gradients held inf/NaN, as a 0-dim bool tensor. Each
+    finite step pays this, so it is a handful of kernels: with a scaler, its own inf check;
+    without, one norm per gradient (``torch._foreach_norm``, the kernel behind the public
+    ``torch.nn.utils.get_total_norm``, which costs twice as much here: checked on torch 2.14)
+    summed with the loss, which is non-finite if any of them is (or overflows)."""
+    losses = view.losses
+    loss = losses[0].detach() if len(losses) == 1 else torch.stack([x.detach() for x in losses])
     if view.scaler.is_enabled():
-        return bad | (view.skipped > 0)  # the scaler's own inf check of the gradients
-    grads = [p.grad for p in view.module.parameters() if p.grad is not None]
+        return ~torch.isfinite(loss).all() | (view.skipped > 0)  # the scaler's own check
+    total = loss.float().sum()
     if grads:
-        bad = bad | ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
-    return bad
+        total = total + torch.stack(torch._foreach_norm(grads)).float().sum()
+    return ~torch.isfinite(total)
 
 
 # ---------------------------------------------------------------- the replay
