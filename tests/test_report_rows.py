@@ -91,3 +91,20 @@ def test_baseline_mode_can_be_chosen_and_failed_baselines_are_not_used():
     assert rows["fp32"].status == "FAILED" and rows["fp32"].error == "boom"
     none = report_rows.compute_rows([run("bf16", acc=0.9)])
     assert none[0].note == "no fp32 run in this sweep"
+
+
+def test_a_prescribed_run_named_by_its_option_compares_with_fp32_and_shows_its_keep_fp32():
+    """ampsweep doctor's prescriptions: the same mode with precision.keep_fp32 and a run name
+    of their own. The name is a label (still comparable with fp32); keep_fp32 tells the two
+    bf16 rows apart."""
+    fixed = run("bf16", acc=0.9, sps=200.0)
+    fixed.run_id = "fixed"
+    fixed.params |= {"precision.keep_fp32": "['fc2']", "tracking.run_name": "doctor_bf16"}
+    runs = [run("fp32", acc=0.9, sps=100.0), run("bf16", status="FAILED"), fixed]
+    for r in runs[:2]:
+        r.params |= {"precision.keep_fp32": "[]", "tracking.run_name": "None"}
+    rows = {r.run_id: r for r in report_rows.compute_rows(runs)}
+    assert rows["fixed"].baseline_run_id == "fp32-cnn-0.001"
+    assert rows["fixed"].speedup == pytest.approx(2.0)
+    assert rows["fixed"].varies == "keep_fp32=['fc2']"
+    assert rows["bf16-cnn-0.001"].varies == "keep_fp32=[]"

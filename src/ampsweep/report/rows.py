@@ -21,12 +21,21 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return value / base if is_number(value) and is_number(base) and base > 0 else None
 
 
+# Keys that name a run rather than configure it: never a reason two runs are not comparable.
+LABELS = ("tracking.run_name",)
+# Precision settings that tell two runs of one mode apart in the report's config column (a
+# run of bf16 and the doctor's bf16 with precision.keep_fp32=[fc2]); other precision keys
+# follow from the mode and are said by its name.
+SHOWN_PRECISION = ("precision.keep_fp32",)
+
+
 def config_key(params: dict[str, str], ignore: tuple[str, ...] = ()) -> tuple:
     """A run's config apart from its precision (and the keys in ``ignore``): runs with equal
     keys are comparable."""
+    skip = (*ignore, *LABELS)
     return tuple(
         sorted(
-            (k, v) for k, v in params.items() if not k.startswith("precision.") and k not in ignore
+            (k, v) for k, v in params.items() if not k.startswith("precision.") and k not in skip
         )
     )
 
@@ -35,8 +44,14 @@ def varying(runs: list[RunData], ignore: tuple[str, ...] = ()) -> dict[str, str]
     """Run id -> the settings beyond precision that tell it apart from the sweep's other runs
     (``lr=0.01``; a key shortened to its last part unless that is ambiguous). Where the model
     or data set itself differs (they have columns of their own), its settings are left out."""
+    skip = (*ignore, *LABELS)
     keys = sorted(
-        {k for r in runs for k in r.params if not k.startswith("precision.") and k not in ignore}
+        {
+            k
+            for r in runs
+            for k in r.params
+            if (not k.startswith("precision.") or k in SHOWN_PRECISION) and k not in skip
+        }
     )
     differ = [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
     swapped = {k.split(".", 1)[0] for k in differ if k.endswith(".name")}
