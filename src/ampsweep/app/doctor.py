@@ -331,7 +331,7 @@ class Doctor:
             problem = (
                 f"{t.result(base)}; without enough loss scaling fp16 flushes "
                 f"{found.grad_underflow():.1%} of the gradient values to zero (below 2^-24); "
-                f"a scale of {scale:g} keeps all but {found.grad_underflow(scale):.2%} of them"
+                f"a scale of {_num(scale)} keeps all but {found.grad_underflow(scale):.2%} of them"
             )
             rx = {"name": "fp16", "scaler": {"init_scale": scale}}
             return self._tried(Prescription(mode, problem, rx), base)
