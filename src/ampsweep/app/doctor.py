@@ -34,6 +34,7 @@ from rich.markup import escape
 
 from ampsweep.app import console
 from ampsweep.config.schema import ConfigError
+from ampsweep.measure.names import NONFINITE_STEPS
 from ampsweep.precision import modes
 from ampsweep.report.findings import ACC_TOLERANCE, PPL_TOLERANCE
 from ampsweep.tracking import store
@@ -473,7 +474,7 @@ def _verdict(run, failing, base) -> tuple[bool, str]:
     s, b = run.summary, base.summary
     metric = "val/perplexity" if "val/perplexity" in b else "val/acc"
     score, ref = s.get(metric), b.get(metric)
-    nonfinite = int(s.get("numerics/nonfinite_steps", 0))
+    nonfinite = int(s.get(NONFINITE_STEPS, 0))
     ok_score = isinstance(score, float) and math.isfinite(score) and isinstance(ref, float)
     if ok_score:
         ok_score = (score <= ref * (1 + PPL_TOLERANCE) if metric == "val/perplexity"

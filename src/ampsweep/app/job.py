@@ -28,6 +28,7 @@ from ampsweep.app import console, slurm
 from ampsweep.config.compose import flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
+from ampsweep.measure import names
 from ampsweep.tracking import store
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder, RunCloser
 from ampsweep.tracking.secrets import mask_text
@@ -454,9 +455,7 @@ class Job:
         lost = next((c.shares for c in setup.callbacks if getattr(c, "shares", None)), None)
         if lost and self.recorder.run_id is not None:  # a pure run's own rounding losses
             worst = sorted(((k, v) for k, v in lost.items() if k != "(all)"), key=lambda x: -x[1])
-            self.recorder.set_tags(
-                {"numerics.update_lost_layers": ",".join(f"{k}={v:.2f}" for k, v in worst[:8])}
-            )
+            self.recorder.set_tags({names.UPDATE_LOST_LAYERS: names.pairs(worst[:8], ".2f")})
         origin = setup.locator.origin
         if origin is None or self.recorder.run_id is None:
             return
@@ -465,7 +464,7 @@ class Job:
         self.recorder.set_tags(origin.tags())
         if failed:
             count = float(setup.locator.nonfinite_steps)
-            self.recorder.log_metrics({"numerics/nonfinite_steps": count}, origin.step)
+            self.recorder.log_metrics({names.NONFINITE_STEPS: count}, origin.step)
         with tempfile.TemporaryDirectory() as tmp:
             self.recorder.log_artifact(origin.write(Path(tmp)), "numerics")
 

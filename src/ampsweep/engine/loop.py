@@ -23,7 +23,7 @@ from ampsweep.engine import distributed
 from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.tasks import Objective, default_objective
-from ampsweep.measure import flops, memory
+from ampsweep.measure import flops, memory, names
 from ampsweep.measure.divergence import NonfiniteWatch
 from ampsweep.measure.memory import SavedTensorMeter, peak_memory
 from ampsweep.measure.timing import StepTimer
@@ -337,7 +337,7 @@ def summarise(
         "perf/wall_s": totals.wall_s(),
         "mem/activation_mib": totals.meter.mib,
         "amp/skipped_steps": totals.skipped.item(),
-        "numerics/nonfinite_steps": float(s.locator.nonfinite_steps),  # of this process's steps
+        names.NONFINITE_STEPS: float(s.locator.nonfinite_steps),  # of this process's steps
         "train/steps": state.step,
     }
     if median_ms:

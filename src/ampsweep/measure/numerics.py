@@ -35,11 +35,12 @@ from pathlib import Path
 
 import torch
 
+from ampsweep.measure import names
 from ampsweep.measure.probe import HookError, hook_forward
 from ampsweep.precision.modes import FORMATS
 from ampsweep.precision.policy import PrecisionPolicy
 
-ARTIFACT = "numerics/first_nonfinite.json"
+ARTIFACT = names.FIRST_NONFINITE_ARTIFACT
 _FORMAT_OF = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -159,11 +160,11 @@ class Origin:
     def tags(self) -> dict[str, str]:
         """What the run records of it (MLflow tags)."""
         return {
-            "numerics.nonfinite_step": str(self.step),
-            "numerics.nonfinite_kind": self.kind,
-            "numerics.nonfinite_module": self.module,
-            "numerics.nonfinite_where": self.sentence()[:4000],
-            "numerics.nonfinite_fix": self.fix(),
+            names.NONFINITE_STEP: str(self.step),
+            names.NONFINITE_KIND: self.kind,
+            names.NONFINITE_MODULE: self.module,
+            names.NONFINITE_WHERE: self.sentence()[:4000],
+            names.NONFINITE_FIX: self.fix(),
         }
 
     def write(self, folder: Path) -> Path:

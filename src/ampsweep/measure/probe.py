@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from ampsweep.measure import names
 from ampsweep.precision.modes import FORMATS
 
-ARTIFACT_JSON = "numerics/probe.json"
-ARTIFACT_MD = "numerics/probe.md"
+ARTIFACT_JSON, ARTIFACT_MD = names.PROBE_JSON, names.PROBE_MD
 FP16 = FORMATS["fp16"]
 ZERO_BELOW = FP16.min_subnormal / 2  # |x| < this rounds to zero in fp16
 MAX_SCALE = 2.0**24  # the largest loss scale suggested (GradScaler's range in practice)
@@ -164,26 +164,26 @@ class Probe:
     def metrics(self) -> dict[str, float]:
         scale = self.suggested_scale()
         out = {
-            "numerics/fp16_grad_underflow_frac": self.grad_underflow(),
-            "numerics/suggested_init_scale": scale,
-            "numerics/fp16_grad_underflow_frac_at_scale": self.grad_underflow(scale),
+            names.UNDERFLOW: self.grad_underflow(),
+            names.INIT_SCALE: scale,
+            names.UNDERFLOW_AT_SCALE: self.grad_underflow(scale),
         }
         least = self.forward_headroom("fp16")
         if least is not None:
-            out["numerics/fp16_forward_headroom_log2"] = least[1]
+            out[names.HEADROOM] = least[1]
         for fmt, shares in self.update_lost.items():
-            out[f"numerics/{fmt}_update_lost_frac"] = shares.get("(all)", 0.0)
+            out[names.UPDATE_LOST[fmt]] = shares.get("(all)", 0.0)
         return out
 
     def tags(self) -> dict[str, str]:
         tags = {}
         over = self.fp16_overflow()
         if over:
-            tags["numerics.fp16_overflow"] = ",".join(f"{n or '(model)'}={v:.3g}" for n, v in over)
+            tags[names.FP16_OVERFLOW] = names.pairs([(n or "(model)", v) for n, v in over], ".3g")
         lost = {k: v for k, v in self.update_lost.get("bf16", {}).items() if k != "(all)"}
         worst = sorted(((k, v) for k, v in lost.items() if v > 0), key=lambda x: -x[1])[:8]
         if worst:
-            tags["numerics.update_lost_layers"] = ",".join(f"{k}={v:.2f}" for k, v in worst)
+            tags[names.UPDATE_LOST_LAYERS] = names.pairs(worst, ".2f")
         return tags
 
     def as_dict(self) -> dict:
@@ -386,6 +386,6 @@ class LostUpdates:
         found = update_lost_shares(view.module, view.optimizer, grads, (self.fmt,))
         if found:
             self.shares = found[self.fmt]
-            view.log({"amp/update_lost_frac": self.shares["(all)"]}, view.step)
+            view.log({names.RUN_UPDATE_LOST: self.shares["(all)"]}, view.step)
 
     def after_step(self, state) -> None: ...

@@ -22,29 +22,31 @@ from __future__ import annotations
 import math
 import statistics
 
+from ampsweep.measure.names import (
+    FP16_OVERFLOW,
+    HEADROOM,
+    INIT_SCALE,
+    NONFINITE_FIX,
+    NONFINITE_KIND,
+    NONFINITE_MODULE,
+    NONFINITE_STEP,
+    NONFINITE_STEPS,
+    NONFINITE_WHERE,
+    PROBE,
+    RUN_UPDATE_LOST,
+    UNDERFLOW,
+    UNDERFLOW_AT_SCALE,
+    UPDATE_LOST,
+    UPDATE_LOST_LAYERS,
+)
 from ampsweep.precision import modes
 from ampsweep.precision.modes import FORMATS
 from ampsweep.report.model import Row, RunData, is_number, percent
 from ampsweep.tracking.store import DIVERGED, FAILED
 
-# Where the first non-finite value began (tags present only on a run that had one)
-NONFINITE_STEP, NONFINITE_KIND = "numerics.nonfinite_step", "numerics.nonfinite_kind"
-NONFINITE_MODULE, NONFINITE_WHERE = "numerics.nonfinite_module", "numerics.nonfinite_where"
-NONFINITE_FIX = "numerics.nonfinite_fix"
-NONFINITE_STEPS = "numerics/nonfinite_steps"  # metric: how many steps were non-finite
 # The loss scaler's history and settings
 LOSS_SCALE, TRAIN_STEPS = "amp/loss_scale", "train/steps"
 SCALER = "precision.scaler."  # its params: min_scale, growth_interval, dynamic
-# The numerics probe: metrics, and two tags of ``name=value`` pairs
-HEADROOM = "numerics/fp16_forward_headroom_log2"  # log2(65504 / largest forward magnitude)
-UNDERFLOW = "numerics/fp16_grad_underflow_frac"  # share fp16 flushes to zero without a scaler
-INIT_SCALE = "numerics/suggested_init_scale"  # the power of two that keeps them
-UNDERFLOW_AT_SCALE = "numerics/fp16_grad_underflow_frac_at_scale"
-UPDATE_LOST = {"bf16": "numerics/bf16_update_lost_frac", "fp16": "numerics/fp16_update_lost_frac"}
-PROBE = (HEADROOM, UNDERFLOW, INIT_SCALE, UNDERFLOW_AT_SCALE, *UPDATE_LOST.values())
-FP16_OVERFLOW = "numerics.fp16_overflow"  # "amplify=1.83e+05,blocks.1.attn=7.1e+04"
-UPDATE_LOST_LAYERS = "numerics.update_lost_layers"  # bf16: "fc1.weight=1.00,fc2.weight=0.42"
-RUN_UPDATE_LOST = "amp/update_lost_frac"  # a pure mode's run, on its own steps
 
 # A dynamic scaler skips a step at each overflow: a few while it backs off from its initial
 # scale, then about one per growth_interval (2000 by default) as it probes a higher scale. One
