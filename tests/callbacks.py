@@ -69,6 +69,28 @@ class RecordSteps(Callback):
             f.write(json.dumps(record) + "\n")
 
 
+class RecordDtypes(Callback):
+    """Append, per step and rank, the dtype of each named module's output to ``path`` (JSON
+    lines): what precision.keep_fp32 changes, as every rank of a DDP run sees it."""
+
+    def __init__(self, path: str, modules: list[str]):
+        self.path, self.modules = Path(path), list(modules)
+        self.seen: dict[str, str] = {}
+        self.hooked = False
+
+    def before_update(self, view) -> None:
+        if not self.hooked:  # from the next step's forward pass on
+            for name in self.modules:
+                view.module.get_submodule(name).register_forward_hook(
+                    lambda m, a, out, name=name: self.seen.__setitem__(name, str(out.dtype))
+                )
+            self.hooked = True
+        elif self.seen:
+            record = {"rank": rank_num(), "step": view.step, **self.seen}
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
 class NoHooks:
     """A class without the hooks ``fit`` calls."""
 

@@ -133,6 +133,25 @@ def test_a_ddp_run_is_one_mlflow_run_and_resumes_to_the_same_weights(tmp_path, s
 
 
 @pytest.mark.slow
+def test_every_rank_of_a_ddp_run_keeps_the_named_modules_in_fp32(tmp_path, store_uri):
+    """precision.keep_fp32 under DDP: each rank runs the kept layer in fp32 and the others in
+    bf16 (a callback records what the layers output on every rank)."""
+    seen = tmp_path / "dtypes.jsonl"
+    record = (f"trainer.callbacks=[{{_target_: callbacks.RecordDtypes, path: '{seen}', "
+              "modules: ['1', '4']}]")  # fmt: skip
+    args = ["train", *EXACT, "precision=bf16", "precision.keep_fp32=[1]", "trainer.nproc=2",
+            "trainer.batch_size=16", record, f"tracking.uri={store_uri}"]  # fmt: skip
+    args.remove("precision=fp32")
+    proc = run_cli(args, tmp_path, env=callback_env({"OMP_NUM_THREADS": "1"}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert {r["rank"] for r in records} == {0, 1}
+    assert all(r["1"] == "torch.float32" and r["4"] == "torch.bfloat16" for r in records)
+    (run,) = all_runs(store_uri)
+    assert run.info.status == "FINISHED" and run.data.params["precision.keep_fp32"] == "['1']"
+
+
+@pytest.mark.slow
 def test_a_crashing_rank_ends_the_command_non_zero_without_hanging(tmp_path, store_uri):
     """Rank 1 dies (SIGKILL) at step 3 while rank 0 waits for it in a collective: the elastic
     agent ends rank 0 and the command exits non-zero in seconds, not at some timeout."""

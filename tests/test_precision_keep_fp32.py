@@ -142,3 +142,16 @@ def test_keep_fp32_holds_under_torch_compile():
     with setup.policy.autocast():
         plain(next(iter(setup.val_batches.epoch(0)))[0])
     assert seen == {"kept": torch.float32, "other": torch.bfloat16}
+
+
+def test_reproduce_keeps_the_runs_keep_fp32(main, store_uri):
+    from ampsweep.app.reproduce import reproduce
+
+    res = main("train", *QUICK, "model=mlp", "precision=bf16", "precision.keep_fp32=[4]",
+               f"tracking.uri={store_uri}")  # fmt: skip
+    assert res.code == 0, res.err
+    (first,) = all_runs(store_uri)
+    assert reproduce(first.info.run_id, [f"tracking.uri={store_uri}"]) == 0
+    again = next(r for r in all_runs(store_uri) if r.info.run_id != first.info.run_id)
+    assert again.data.params["precision.keep_fp32"] == "['4']"
+    assert again.data.metrics["val/loss"] == first.data.metrics["val/loss"]
