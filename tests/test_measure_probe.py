@@ -100,3 +100,15 @@ def test_a_pure_run_measures_the_updates_its_own_rounding_loses(store_uri):
     assert [h.step for h in history] == [2, 4, 6]
     assert all(0.0 <= h.value <= 1.0 for h in history)
     assert "numerics.update_lost_layers" in run.data.tags
+
+
+def test_linear_layers_beyond_fp8s_range_are_named():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))
+    with torch.no_grad():
+        model[0].weight.mul_(2000.0)  # weights past e4m3's 448, outputs with them
+    found = probe(model, batches(), default_objective())
+    named = {(n, what) for n, what, _, _ in found.fp8_saturating()}
+    assert {("0", "weight"), ("0", "output")} <= named
+    assert not any(n == "1" and what == "weight" for n, what in named)
+    assert found.tags()["numerics.fp8_saturating"].startswith("0.weight=")

@@ -212,3 +212,22 @@ def test_real_fp8_trains_the_vit_on_a_gpu_with_compile(mode):
     name = torch.cuda.get_device_name()
     if lookup_peak(name) and lookup_peak(name)[1].fp8:
         assert 0 < summary["perf/mfu"] < 1  # against the fp8 peak
+
+
+def test_a_model_with_lazy_layers_is_checked_for_fp8_before_anything_runs(
+    main, store_uri, monkeypatch
+):
+    """The up-front fp8 check builds the model on the meta device: its lazy layers learn
+    their shapes there first (an uninitialised parameter was a traceback)."""
+    pytest.importorskip("torchao")
+    from conftest import REPO, all_runs
+
+    example = REPO / "examples" / "doctor"
+    monkeypatch.syspath_prepend(str(example))
+    res = main("train", "--config-dir", str(example / "conf"), "model=overflow_net",
+               "precision=fp8_tensorwise", "precision.fp8.emulate=true", "trainer.max_steps=2",
+               f"tracking.uri={store_uri}")  # fmt: skip
+    assert res.code == 2 and "Traceback" not in res.err
+    (line,) = [ln for ln in res.err.splitlines() if ln.startswith("error:")]
+    assert "model=overflow_net has no nn.Linear layer fp8 can take (layer fc1" in line
+    assert all_runs(store_uri) == []

@@ -277,6 +277,13 @@ class Doctor:
         if least is not None:
             words.append(f"fp16 forward headroom 2^{least[1]:+.1f} (least: {least[0] or 'model'})")
         words.append(f"fp16 without scaling flushes {found.grad_underflow():.1%} of the gradient")
+        if any(modes.MODES[m].fp8 for m in self.modes):
+            sat = found.fp8_saturating()
+            words.append(
+                "fp8: " + (", ".join(f"{n} {w} {v:.3g} > {lim:g}" for n, w, v, lim in sat[:3])
+                           + " unscaled (torchao scales each tensor first)" if sat
+                           else "every Linear layer within e4m3/e5m2 even unscaled")
+            )  # fmt: skip
         lost = found.update_lost.get("bf16", {}).get("(all)")
         if lost is not None:
             words.append(f"pure bf16 rounds away {lost:.1%} of the updates")

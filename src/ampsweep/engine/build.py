@@ -231,6 +231,10 @@ def preflight(configs: list[Config]) -> None:
         samples, shape, classes = samples_of[key]
         with torch.device("meta"):
             model = models.build_model(cfg.model, shape, classes)
+        if models.has_lazy_parameters(model):  # lazy layers learn their shapes, on meta too
+            label = models.MODELS.builder(cfg.model).label
+            with torch.no_grad():
+                models.dry_run(model, samples.to("meta"), label)
         if mode.fp8:
             check_fp8(model, samples, mode, cfg, policy.kept)
         policy.keep_modules_fp32(model)  # every keep_fp32 pattern names a module

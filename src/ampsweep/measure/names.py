@@ -20,6 +20,7 @@ UPDATE_LOST = {"bf16": "numerics/bf16_update_lost_frac", "fp16": "numerics/fp16_
 PROBE = (HEADROOM, UNDERFLOW, INIT_SCALE, UNDERFLOW_AT_SCALE, *UPDATE_LOST.values())
 FP16_OVERFLOW = "numerics.fp16_overflow"  # "amplify=1.83e+05,blocks.1.attn=7.1e+04"
 UPDATE_LOST_LAYERS = "numerics.update_lost_layers"  # bf16: "fc1.weight=1.00,fc2.weight=0.42"
+FP8_SATURATING = "numerics.fp8_saturating"  # Linear layers an unscaled fp8 cast saturates
 RUN_UPDATE_LOST = "amp/update_lost_frac"  # a pure mode's run, on its own steps
 # Artifacts
 FIRST_NONFINITE_ARTIFACT = "numerics/first_nonfinite.json"

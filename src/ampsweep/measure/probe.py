@@ -140,6 +140,24 @@ class Probe:
         over = [(m.name, m.output.absmax) for m in self.modules if m.output.absmax > FP16.max]
         return sorted(over, key=lambda x: -x[1])
 
+    def fp8_saturating(self) -> list[tuple[str, str, float, float]]:
+        """The Linear layers whose values an unscaled cast to fp8 would saturate: (module,
+        what, largest magnitude, the format's limit), for weights and outputs against e4m3
+        (fp8's forward format) and output gradients against e5m2 (its backward format).
+        torchao's float8 training scales each tensor (or row) to its own amax before the
+        cast, so these saturate only without that scaling; what the scaled cast loses is the
+        values far below amax."""
+        e4m3, e5m2 = FORMATS["fp8_e4m3"].max, FORMATS["fp8_e5m2"].max
+        out = []
+        for m in self.modules:
+            if m.kind != "Linear":
+                continue
+            for what, r, limit in (("weight", m.weight, e4m3), ("output", m.output, e4m3),
+                                   ("output gradient", m.output_grad, e5m2)):  # fmt: skip
+                if r.absmax > limit:
+                    out.append((m.name, what, r.absmax, limit))
+        return out
+
     def forward_headroom(self, fmt: str = "fp16") -> tuple[str, float] | None:
         """The module with the least headroom in ``fmt``, and that headroom (log2)."""
         rooms = [(m.name, m.output.headroom(fmt)) for m in self.modules]
@@ -180,6 +198,11 @@ class Probe:
         over = self.fp16_overflow()
         if over:
             tags[names.FP16_OVERFLOW] = names.pairs([(n or "(model)", v) for n, v in over], ".3g")
+        saturating = self.fp8_saturating()
+        if saturating:
+            tags[names.FP8_SATURATING] = names.pairs(
+                [(f"{n}.{w.replace(' ', '_')}", v) for n, w, v, _ in saturating], ".3g"
+            )
         lost = {k: v for k, v in self.update_lost.get("bf16", {}).items() if k != "(all)"}
         worst = sorted(((k, v) for k, v in lost.items() if v > 0), key=lambda x: -x[1])[:8]
         if worst:
@@ -194,6 +217,10 @@ class Probe:
                 {"module": n, "absmax": v, "limit": FP16.max} for n, v in self.fp16_overflow()
             ],  # fmt: skip
             "update_lost": self.update_lost,
+            "fp8_saturating_unscaled": [
+                {"module": n, "what": w, "absmax": v, "limit": lim}
+                for n, w, v, lim in self.fp8_saturating()
+            ],  # fmt: skip
             "modules": [m.row() for m in self.modules],
         }
 
