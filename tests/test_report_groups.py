@@ -120,9 +120,10 @@ def test_every_verdict_carries_its_interval():
     rep = sweeps.make_report({"run_id": "p"}, three_seeds())
     text = "\n".join(rep.findings)
     low, high = rep.summary[1].ci["speedup"].low, rep.summary[1].ci["speedup"].high
+    speedup = rep.summary[1].speedup  # 0.16x: 6.3 times slower
     assert (
-        f"bf16 is slower than fp32 on this CPU ({rep.summary[1].speedup:.2f}x, interval "
-        f"{low:.2f}-{high:.2f}x, n=3)" in text
+        f"bf16 is {1 / speedup:.1f}x slower than fp32 on this CPU ({speedup:.2f}x "
+        f"({low:.2f}-{high:.2f}x), n=3)" in text
     )
     assert "bf16's accuracy is indistinguishable from fp32's (+0.0 +/- 0.5 points, n=3)" in text
     assert "fp32 reached 0.983 +/- 0.007 (n=3)" in text
@@ -279,3 +280,58 @@ def test_an_emulated_fp8_run_is_said_to_have_a_meaningless_speed():
     assert rep.rows[2].emulated
     alone = sweeps.make_report({"run_id": "p"}, [runs[0], fp8])  # fp32 and the emulated run
     assert not any(f.startswith("Fastest") for f in alone.findings)
+
+
+def two_seeds_on_a_shared_machine() -> list[RunData]:
+    """Two seeds, timed on a machine other processes competed for: fp32 ran at 353 samples/s
+    with seed 0 and 1,555 with seed 1; fp16 autocast 25 times slower than fp32 in both."""
+    runs = [
+        run("fp32", 0, 0, acc=0.117, sps=353.0, act=1.0),
+        run("fp32", 1, 1, acc=0.118, sps=1555.0, act=1.0),
+        run("bf16", 0, 2, acc=0.120, sps=600.0, act=0.5),
+        run("bf16", 1, 3, acc=0.110, sps=2000.0, act=0.5),
+        run("fp16", 0, 4, acc=0.120, sps=353.0 / 25, act=0.5),
+        run("fp16", 1, 5, acc=0.110, sps=1555.0 / 25, act=0.5),
+    ]
+    return runs
+
+
+def test_two_seeds_give_ranges_and_say_the_interval_is_too_wide_to_judge():
+    rep = sweeps.make_report({"run_id": "p"}, two_seeds_on_a_shared_machine())
+    text = "\n".join(rep.findings)
+    bf16 = rep.summary[1].ci["speedup"]
+    # log ratios ln(600/353) and ln(2000/1555): t(1) = 12.706 spreads them over 0.25-8.7x
+    assert (bf16.low, bf16.high) == (pytest.approx(0.252, rel=1e-2), pytest.approx(8.69, rel=1e-2))
+    assert (
+        "bf16 ran 1.5x faster than fp32 on this CPU in the mean (1.48x (0.25-8.69x), n=2)" in text
+    )
+    # the runs needed at that spread: t(n-1) * sd / sqrt(n) <= ln(1.1), worked out here
+    from scipy import stats as st
+
+    logs = [math.log(600 / 353), math.log(2000 / 1555)]
+    sd = abs(logs[0] - logs[1]) / math.sqrt(2)
+    needed = next(n for n in range(2, 101) if st.t.ppf(0.975, n - 1) * sd / n**0.5 <= math.log(1.1))
+    assert f"too wide to judge: at this spread about {needed} runs per mode" in text
+    assert "indistinguishable" not in text
+    # the same 25x slowdown in both seeds is a verdict even at n=2, and called what it is
+    assert "fp16 is 25x slower than fp32 on this CPU (0.04x in both runs)" in text
+    # accuracy: +0.3 and -0.8 points, +/- 7.0 at t(1): too wide next to the 1.5-point tolerance
+    assert "bf16's accuracy against fp32's is -0.3 +/- 7.0 points, n=2, but with 2 runs" in text
+
+
+def test_two_seeds_print_ranges_in_the_table_and_no_error_bar_goes_below_zero(tmp_path):
+    rep = sweeps.make_report({"run_id": "p"}, two_seeds_on_a_shared_machine())
+    headers, body = render.table_cells(rep)
+    cells = dict(zip(headers, body[1], strict=True))  # bf16
+    assert cells["speed-up"] == "1.48x (0.25-8.69x)"
+    assert "±" not in cells["speed-up"]
+    # fp32's throughput: mean 954, sd 850, half-width 12.706 * 850 / sqrt(2) = 7,636: a
+    # "954 ±7,636" would reach -6,682; the range starts at 0
+    half = 12.706 * abs(1555.0 - 353.0) / math.sqrt(2) / math.sqrt(2)
+    fp32 = dict(zip(headers, body[0], strict=True))
+    assert fp32["samples/s"] == f"954 (0-{954 + half:,.0f})"
+    below, above = charts._errors(rep.summary, "samples_per_s")
+    assert below[0] == pytest.approx(954.0)  # down to zero, not to -6,680
+    assert above[0] == pytest.approx(rep.summary[0].ci["samples_per_s"].high - 954.0)
+    assert all(value - b >= 0 for value, b in zip([r.samples_per_s for r in rep.summary], below,
+                                                  strict=True))  # fmt: skip

@@ -106,3 +106,21 @@ def test_ten_runs_shrink_the_interval_as_t_and_root_n_say():
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / 9)
     est = stats.mean_interval(values)
     assert est.half_width == pytest.approx(2.262 * sd / math.sqrt(10), rel=1e-3)
+
+
+def test_fewer_than_three_runs_are_too_wide_for_a_tie_but_not_for_a_clear_verdict():
+    assert stats.compare(stats.Estimate(1.48, 0.25, 8.69, 2), 1.0) == "too wide"
+    assert stats.compare(stats.Estimate(0.04, 0.039, 0.041, 2), 1.0) == "lower"
+
+
+def test_repeats_needed_is_where_the_t_interval_narrows_to_the_target():
+    # a mean of 10 with sd 1 over 2 runs: half-width 12.706 / sqrt(2) = 8.98; to reach 0.5
+    # needs t(n-1) / sqrt(n) <= 0.5: n=18 gives 2.110 / 4.243 = 0.497, n=17 2.120 / 4.123 = 0.514
+    est = stats.mean_interval([10 - 0.5**0.5, 10 + 0.5**0.5])
+    assert stats.repeats_needed(est, 0.5) == 18
+    # a ratio: its half-width on the log scale against ln(1 + target)
+    ratio = stats.ratio_interval([1.0, 1.02, 0.98])
+    assert stats.repeats_needed(ratio, 0.10, ratio=True) <= 3
+    huge = stats.mean_interval([0.0, 100.0])
+    assert stats.repeats_needed(huge, 0.5) == stats.MAX_REPEATS + 1
+    assert stats.repeats_needed(stats.mean_interval([1.0]), 0.5) is None

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics, stats
-from ampsweep.report.model import Row, is_number, percent
+from ampsweep.report.model import Row, how_much, is_number, percent, ratio_range
 from ampsweep.tracking.store import FINISHED
 
 ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
@@ -236,15 +236,61 @@ def _n(r: Row, name: str) -> int:
 
 
 def _ratio(r: Row, name: str, vs: str = "") -> str:
-    """``0.16x, interval 0.15-0.17x, n=3`` (``0.52x in all 3 runs``; ``0.16x, a single
-    run``); ``vs``: what it is a ratio to, after the value."""
+    """``0.16x (0.15-0.17x), n=3`` (``0.52x in all 3 runs``; ``0.16x, a single run``);
+    ``vs``: what it is a ratio to, after the value."""
     value, est = getattr(r, name), r.ci.get(name)
     if est is None or not est.has_interval:
-        return f"{value:.2f}x{vs}, a single run"
+        return f"{ratio_range(value, None)}{vs}, a single run"
     if est.half_width == 0:
         every = "both runs" if est.n == 2 else f"all {est.n} runs"
-        return f"{value:.2f}x{vs} in {every}"
-    return f"{value:.2f}x{vs}, interval {est.low:.2f}-{est.high:.2f}x, n={est.n}"
+        return f"{ratio_range(value, None)}{vs} in {every}"
+    return f"{ratio_range(value, est)}{vs}, n={est.n}"
+
+
+def _too_wide(est: stats.Estimate, target: float, ratio: bool, unit: str) -> str:
+    """Why an interval that contains "no difference" is no verdict, and the runs that would
+    make it one: ``n`` runs observed a spread; at that spread the interval would narrow to
+    ``target`` after the number ``stats.repeats_needed`` finds."""
+    needed = stats.repeats_needed(est, target, ratio)
+    runs = "2 runs" if est.n == 2 else f"{est.n} runs"
+    more = (
+        f"more than {stats.MAX_REPEATS} runs per mode"
+        if needed > stats.MAX_REPEATS
+        else f"about {needed} runs per mode (sweep.repeats={needed})"
+    )
+    return (
+        f"with {runs} per mode the interval is too wide to judge: at this spread {more} "
+        f"would narrow it to {unit}"
+    )
+
+
+def _wide(est: stats.Estimate | None, target: float, ratio: bool) -> bool:
+    """An interval that says nothing yet: it contains "no difference" and either rests on
+    fewer than ``stats.MIN_REPEATS`` runs or is wider than ``target``."""
+    verdict = stats.compare(est, 1.0 if ratio else 0.0)
+    if verdict == "too wide":
+        return True
+    needed = stats.repeats_needed(est, target, ratio)
+    return verdict == "indistinguishable" and needed is not None and needed > est.n
+
+
+def _speed(r: Row, base: str, on: str) -> str:
+    """One mode's speed against the baseline: ``fp16 is 25x slower than fp32 on this CPU
+    (0.04x (0.03-0.05x), n=3)``; a wide interval is named as such, with the runs it needs."""
+    est = r.ci.get("speedup")
+    verdict = stats.compare(est, 1.0)
+    shown = _ratio(r, "speedup")
+    if _wide(est, stats.PRECISION_WANTED, ratio=True):
+        why = _too_wide(est, stats.PRECISION_WANTED, True, f"within {stats.PRECISION_WANTED:.0%}")
+        words = how_much(r.speedup)
+        than = "as fast as" if words == "as fast" else f"{words} than"
+        return f"{r.precision} ran {than} {base}{on} in the mean ({shown}), but {why}"
+    if verdict in ("lower", "higher"):
+        words = how_much(r.speedup)
+        if words == "as fast":
+            words = "slightly slower" if verdict == "lower" else "slightly faster"
+        return f"{r.precision} is {words} than {base}{on} ({shown})"
+    return f"{r.precision} {SPEED_WORDS[verdict]} {base}{on} ({shown})"
 
 
 def _points(r: Row, vs: str = "") -> str:
@@ -284,10 +330,7 @@ def _interval_findings(group: list[Row], base: str, where: str, device: dict) ->
     out = []
     others = [r for r in group if r.precision != base]
     speed = [
-        f"{r.precision} {SPEED_WORDS[stats.compare(r.ci.get('speedup'), 1.0)]} "
-        f"{base}{_on(device)} ({_ratio(r, 'speedup')})"
-        for r in others
-        if is_number(r.speedup) and not r.emulated
+        _speed(r, base, _on(device)) for r in others if is_number(r.speedup) and not r.emulated
     ]
     if speed:
         out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
@@ -313,16 +356,22 @@ def _interval_findings(group: list[Row], base: str, where: str, device: dict) ->
         )
     accs = [r for r in others if is_number(r.acc_delta)]
     if accs:
-        parts = [
-            f"{r.precision}'s accuracy {ACC_WORDS[stats.compare(r.ci.get('acc_delta'), 0.0)]} "
-            f"{base}'s ({_points(r)})"
-            for r in accs
-        ]
+        parts = [_accuracy(r, base) for r in accs]
         base_row = next((r for r in group if r.precision == base), None)
         if base_row is not None and is_number(base_row.val_acc):
             parts.insert(0, f"{base} reached {_acc(base_row)} (n={_n(base_row, 'val_acc')})")
         out.append(f"Accuracy{where}, paired by seed: " + "; ".join(parts) + ".")
     return out
+
+
+def _accuracy(r: Row, base: str) -> str:
+    """One mode's accuracy against the baseline's: its verdict on the paired interval, or that
+    the interval is too wide (wider than ``ACC_TOLERANCE``, the change the report calls a loss)."""
+    est = r.ci.get("acc_delta")
+    if _wide(est, ACC_TOLERANCE, ratio=False):
+        why = _too_wide(est, ACC_TOLERANCE, False, f"+/- {ACC_TOLERANCE * 100:.1f} points")
+        return f"{r.precision}'s accuracy against {base}'s is {_points(r)}, but {why}"
+    return f"{r.precision}'s accuracy {ACC_WORDS[stats.compare(est, 0.0)]} {base}'s ({_points(r)})"
 
 
 def _capacity_findings(compared: list[Row], base: str, budget: str) -> list[str]:

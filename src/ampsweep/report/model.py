@@ -18,6 +18,35 @@ def percent(x: float) -> str:
     return f"{100 * x:.4g}%"
 
 
+def times(x: float) -> str:
+    """A ratio as the report writes it, with the digits its size needs: ``1.40x``, ``12.3x``,
+    ``1,586x``, ``0.0012x``."""
+    if x >= 100:
+        return f"{x:,.0f}x"
+    if x >= 10:
+        return f"{x:.1f}x"
+    return f"{x:.2f}x" if x >= 0.01 else f"{x:.2g}x"
+
+
+def ratio_range(value: float, est: Estimate | None) -> str:
+    """A ratio with its 95% interval as a range, ``1.40x (0.90-2.10x)``: an interval taken on
+    the log scale is not symmetric about its mean, so a ``±`` would misstate one side. The
+    value alone without an interval, or where every run measured the same."""
+    if est is None or not est.has_interval or times(est.low) == times(est.high):
+        return times(value)
+    return f"{times(value)} ({times(est.low)[:-1]}-{times(est.high)})"
+
+
+def how_much(ratio: float) -> str:
+    """A speed ratio in words, rounded as one says it: ``1.4x faster``, ``25x slower``
+    (0.04x), ``as fast`` (within 5%)."""
+    k = ratio if ratio >= 1 else 1 / ratio
+    if k < 1.05:
+        return "as fast"
+    size = f"{k:,.0f}x" if k >= 10 else f"{k:.1f}x"
+    return f"{size} {'faster' if ratio >= 1 else 'slower'}"
+
+
 @dataclass
 class RunData:
     """What the report needs of one child run (the latest value of each metric)."""

@@ -3,7 +3,8 @@
 The console table fits 100 columns: the columns a reader needs to decide (mode, accuracy and
 its change, throughput and speed-up, memory saved, MFU on a GPU, the largest batch, what the
 loss scaler did), the least needed left out first when they do not fit. With repeated seeds it
-has a row per configuration and mode, each cell a mean and ``±`` half its 95% interval.
+has a row per configuration and mode, each cell a mean and its 95% interval (``±`` half its
+width; a ratio's as a range).
 ``--wide`` shows every column; the Markdown, CSV and JSON files always carry everything, and
 every run.
 """
@@ -15,7 +16,7 @@ import io
 import json
 from dataclasses import asdict, dataclass
 
-from ampsweep.report.model import Report, Row, is_number
+from ampsweep.report.model import Report, Row, is_number, ratio_range
 
 CONSOLE_WIDTH = 100
 
@@ -77,8 +78,6 @@ def _number(value, fmt: str) -> str:
 
 def _spread(half: float, fmt: str) -> str:
     """The ``±`` part of a cell: the half-width of the 95% interval in the value's unit."""
-    if fmt == "x":
-        return f"±{half:.2f}"
     if fmt == "pt":
         return f"±{half * 100:.1f}"
     if fmt == "pct":
@@ -87,18 +86,24 @@ def _spread(half: float, fmt: str) -> str:
 
 
 def _cell(value, fmt: str, est=None) -> str:
-    """A table cell: the value, and ``±`` the half-width of its interval over repeats."""
+    """A table cell: the value, and its interval over repeats: a ratio's as a range (taken on
+    the log scale, it is not symmetric), a count's or share's as ``±`` half its width, or as a
+    range from 0 where that ``±`` would reach below zero (no throughput is negative)."""
     if fmt == "s":
         return str(value) if value is not None else ""
     if not is_number(value):
         return "-"
     if est is None or not est.has_interval:
         return _number(value, fmt)
+    if fmt == "x":
+        return ratio_range(value, est)
     if fmt == ".4f":  # an accuracy with its interval: three decimals say enough
         fmt = ".3f"
     spread = _spread(est.half_width, fmt)
     if not any(ch in "123456789" for ch in spread):  # the same in every run (at this precision)
         return _number(value, fmt)
+    if fmt != "pt" and value >= 0 and est.low < 0:
+        return f"{_number(value, fmt)} (0-{_number(est.high, fmt)})"
     return f"{_number(value, fmt)} {spread}"
 
 
@@ -178,7 +183,7 @@ def title(report: Report) -> str:
     repeats = ""
     if report.repeated:
         each = f"{seeds.pop()} seeds" if len(seeds) == 1 else "several seeds"
-        repeats = f", {each} each (mean ± half its 95% interval)"
+        repeats = f", {each} each (mean and its 95% interval)"
     return (
         f"Sweep {report.sweep.get('name', '')} ({report.sweep.get('run_id', '')}): "
         f"{len(rows)} runs{what} vs {report.baseline_mode}{repeats}"

@@ -16,6 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 LEVEL = 0.95  # the confidence level of every interval in the report
+# Below three runs an interval is too wide to judge unless it clears the null value anyway:
+# with two runs Student's t is 12.7 (4.3 with three), so one noisy pair spans orders of
+# magnitude.
+MIN_REPEATS = 3
+# How narrow an interval must be to be worth its runs: a ratio within 10% either way of its
+# mean, a mean within 10% of itself. What "repeats needed" aims at.
+PRECISION_WANTED = 0.10
+MAX_REPEATS = 100  # beyond this many repeats the report says "more than 100"
 
 
 @dataclass(frozen=True)
@@ -94,16 +102,40 @@ def paired_ratio(
     return ratio_interval([v / b for v, b in pairs if _finite(v) and _finite(b) and b > 0], level)
 
 
+def repeats_needed(
+    est: Estimate | None, target: float, ratio: bool = False, level: float = LEVEL
+) -> int | None:
+    """The number of runs at which the interval's half-width would fall to ``target`` at the
+    spread ``est`` observed (its standard deviation, recovered from its half-width and t);
+    for a ``ratio`` the half-width is on the log scale, so ``target`` 0.10 means within a
+    factor 1.10 either way. None without an interval; ``MAX_REPEATS + 1`` when even
+    ``MAX_REPEATS`` would not do."""
+    if est is None or not est.has_interval:
+        return None
+    if ratio:
+        half, target = (math.log(est.high) - math.log(est.low)) / 2, math.log(1 + target)
+    else:
+        half = est.half_width
+    sd = half * math.sqrt(est.n) / t_quantile(level, est.n - 1)
+    for n in range(2, MAX_REPEATS + 1):
+        if t_quantile(level, n - 1) * sd / math.sqrt(n) <= target:
+            return n
+    return MAX_REPEATS + 1
+
+
 def compare(est: Estimate | None, null: float) -> str | None:
     """Where an interval lies against the value of "no difference" (0 for a difference, 1 for
-    a ratio): "lower", "higher" or "indistinguishable"; None without an interval."""
+    a ratio): "lower" or "higher" when the whole interval lies on that side (at any number of
+    runs), "indistinguishable" when it contains ``null`` over ``MIN_REPEATS`` runs or more,
+    "too wide" when it contains ``null`` over fewer (too few runs to call it a tie); None
+    without an interval."""
     if est is None or not est.has_interval:
         return None
     if est.high < null:
         return "lower"
     if est.low > null:
         return "higher"
-    return "indistinguishable"
+    return "indistinguishable" if est.n >= MIN_REPEATS else "too wide"
 
 
 def _finite(x) -> bool:
