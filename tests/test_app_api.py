@@ -67,6 +67,12 @@ def test_sweep_returns_the_parent_and_the_report_rows(store, tmp_path, monkeypat
     assert result.rows[1].baseline == "fp32-cnn-digits"
     assert {r.run_id for r in result.runs} == {r.run_id for r in result.rows}
     assert any(f.startswith("Device:") for f in result.findings)
+    # a few steps of training leave fp32 near chance (its data.num_classes tag says 10): the
+    # recommendation is that open question, with the run that would answer it
+    rec = result.recommendation
+    assert rec.mode is None and "baseline learns" in rec.open_question
+    assert "near chance for 10 classes (0.100): the baseline has not learned" in rec.reason
+    assert rec.command.startswith("ampsweep train -m ") and "trainer.epochs=<more>" in rec.command
 
 
 def test_train_with_a_config_folder(store, tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ampsweep.app.job import CommandContext, JobOutcome
 from ampsweep.config.schema import ConfigError
+from ampsweep.report.model import Recommendation
 from ampsweep.tracking import store
 
 
@@ -42,6 +43,9 @@ class SweepResult:
     rows: list  # report.model.Row: one per child run, compared with the baseline mode
     findings: list[str]
     runs: list[TrainResult] = field(default_factory=list)  # the jobs that finished here
+    # The mode to use and why, with the command (or the open question and the run that would
+    # answer it): report.model.Recommendation, the report's first line
+    recommendation: Recommendation | None = None
 
 
 def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> TrainResult:
@@ -67,10 +71,10 @@ def sweep(
 ) -> SweepResult:
     """Run a sweep, as ``ampsweep train -m [--config-dir DIR] OVERRIDES`` (e.g.
     ``["experiment=precision_sweep"]`` or ``["precision=fp32,bf16"]``): one MLflow parent run
-    with a child per job, and its report. Returns the parent run id and the report's rows and
-    findings (failed jobs are rows with their status and error). Raises ``ConfigError`` for a
-    command refused before it runs (and when tracking is off: a sweep is read back from
-    MLflow)."""
+    with a child per job, and its report. Returns the parent run id, the report's
+    recommendation, rows and findings (failed jobs are rows with their status and error).
+    Raises ``ConfigError`` for a command refused before it runs (and when tracking is off: a
+    sweep is read back from MLflow)."""
     from ampsweep.report.sweeps import build_report
 
     command = CommandContext()
@@ -89,7 +93,9 @@ def sweep(
         for o in command.outcomes
         if o.status == store.FINISHED
     ]
-    return SweepResult(info.parent_run_id, report.rows, report.findings, runs)
+    return SweepResult(
+        info.parent_run_id, report.rows, report.findings, runs, report.recommendation
+    )
 
 
 def _args(overrides: Sequence[str], config_dir: str | Path | None) -> list[str]:

@@ -107,6 +107,7 @@ class Row:
     model_mib: float | None = None
     max_batch: float | None = None
     max_batch_ratio: float | None = None
+    num_classes: int | None = None  # the data's classes (its data.num_classes tag): chance level
     emulated: bool = False  # an fp8 mode in torchao's emulation: its speed means nothing
     fp8_flop_share: float | None = None  # share of the FLOPs in layers converted to fp8
     # What went wrong numerically (``report.numerics`` reads and judges these). Where the first
@@ -156,6 +157,25 @@ class Row:
         return self.skipped_steps if is_number(self.loss_scale) else None
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    """``mode`` to use and ``reason`` (with its ``evidence``), and ``command`` to use it; or
+    ``mode`` None, the ``open_question`` and in ``command`` the run that would answer it."""
+
+    mode: str | None
+    reason: str
+    command: str
+    evidence: dict[str, str] = field(default_factory=dict)  # what backs it, by name
+    open_question: str = ""
+    runner_up: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The recommendation in one paragraph, as the report opens with it."""
+        head = f"Use {self.mode}" if self.mode else "Open question"
+        return f"{head}: {self.reason} Run: {self.command}"
+
+
 @dataclass
 class Report:
     sweep: dict[str, str]  # run_id, name, experiment_id, sweep_dir, command
@@ -168,6 +188,8 @@ class Report:
     # finish keeps a row of its own. The same as ``rows`` when nothing was repeated.
     summary: list[Row] = field(default_factory=list)
     budget: str = ""  # the memory budget of the max batch column, in words ("80 GiB")
+    # What the report opens with: the mode to use, or the open question (``report.recommend``)
+    recommendation: Recommendation | None = None
 
     def __post_init__(self) -> None:
         if not self.summary:

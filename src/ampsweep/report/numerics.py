@@ -350,6 +350,16 @@ def probe_findings(rows: list[Row]) -> list[str]:
     return out
 
 
+def went_wrong(r: Row) -> bool:
+    """Whether a row's runs went wrong numerically, so that its mode is never recommended: a
+    run diverged, its scaler collapsed or skipped too many steps, a pure mode rounded its
+    updates away, or a mode without a scaler met an inf/NaN (with one, skipping such a step is
+    the scaler's job)."""
+    mode = modes.get(r.precision)
+    unscaled = mode is None or not mode.scaler
+    return r.diverged or _troubled(r) or (unscaled and r.nonfinite_runs > 0)
+
+
 def _troubled(r: Row) -> bool:
     """Whether the run itself went wrong numerically (the findings above say how): then its
     mode is not safe here, whatever the probe saw before training (a faulty kernel, updates

@@ -195,8 +195,20 @@ def _markdown_table(headers: list[str], body: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body]
 
 
+def opening(report: Report) -> list[str]:
+    """The report's first lines: the recommendation (or the open question) and its command."""
+    rec = report.recommendation
+    if rec is None:
+        return []
+    head = f"Use {rec.mode}" if rec.mode else "Open question"
+    return [f"{head}: {rec.reason}", f"Run: {rec.command}"]
+
+
 def to_markdown(report: Report) -> str:
     lines = [f"# {title(report)}", ""]
+    opened = opening(report)
+    if opened:
+        lines += [f"**{opened[0]}**", "", f"`{report.recommendation.command}`", ""]
     if report.sweep.get("command"):
         lines += [f"Command: `{report.sweep['command']}`", ""]
     lines += _markdown_table(*table_cells(report))
@@ -233,6 +245,7 @@ def to_json(report: Report) -> str:
         "baseline_mode": report.baseline_mode,
         "rows": [asdict(r) for r in report.rows],
         "summary": [asdict(r) for r in report.summary],  # repeats summarised, with intervals
+        "recommendation": asdict(report.recommendation) if report.recommendation else None,
         "findings": report.findings,
         "headline": report.headline_metrics(),
     }
@@ -247,6 +260,8 @@ def print_table(report: Report, console, wide: bool = False) -> None:
     from rich.table import Table
 
     headers, body = table_cells(report, wide, width=None if wide else CONSOLE_WIDTH)
+    for line in opening(report):
+        console.print(escape(line), style="bold" if line == opening(report)[0] else None)
     console.print(title(report))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     text_columns = sum(1 for c in columns(report, wide) if c.fmt == "s")

@@ -11,7 +11,15 @@ from ampsweep.measure import capacity
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics
 from ampsweep.report.model import Row, RunData, is_number
-from ampsweep.tracking.store import DATASET, ERROR, FINISHED, FP8_EMULATED, JOB_NUM, MODEL
+from ampsweep.tracking.store import (
+    DATA_PREFIX,
+    DATASET,
+    ERROR,
+    FINISHED,
+    FP8_EMULATED,
+    JOB_NUM,
+    MODEL,
+)
 
 OPTIONAL_PREFIXES = ("amp/grad_",)  # e.g. amp/grad_underflow_frac: columns only when logged
 SEED = "trainer.seed"  # what repeats of one configuration differ in
@@ -120,6 +128,7 @@ def compute_rows(
             bytes_per_sample=m.get(capacity.BYTES_PER_SAMPLE),
             model_mib=m.get(capacity.MODEL_MIB),
             max_batch=max_batch(m, budget),
+            num_classes=_count(run.tags.get(f"{DATA_PREFIX}num_classes")),
             emulated=run.tags.get(FP8_EMULATED) == "true",
             fp8_flop_share=m.get("fp8/flop_share"),
             **numerics.row_fields(run),
@@ -144,3 +153,10 @@ def compute_rows(
             row.max_batch_ratio = ratio(row.max_batch, max_batch(b, budget))
         rows.append(row)
     return rows
+
+
+def _count(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None

@@ -10,6 +10,7 @@ from ampsweep.precision.modes import BASELINE
 from ampsweep.report.findings import findings
 from ampsweep.report.groups import summarise
 from ampsweep.report.model import Report, RunData
+from ampsweep.report.recommend import recommend
 from ampsweep.report.render import to_csv, to_json, to_markdown
 from ampsweep.report.rows import compute_rows
 from ampsweep.tracking import store
@@ -110,7 +111,8 @@ def make_report(
     device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
     words = budget_words(runs, budget)
     found = findings(summary, device, baseline_mode, words)
-    return Report(sweep, device, baseline_mode, rows, found, runs, summary, words)
+    advice = recommend(summary, device, baseline_mode, sweep.get("command", ""))
+    return Report(sweep, device, baseline_mode, rows, found, runs, summary, words, advice)
 
 
 def budget_words(runs: list[RunData], budget: int | None) -> str:

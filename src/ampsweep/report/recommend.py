@@ -1,0 +1,270 @@
+"""The report's first line: the mode to use for this model on this device, and why; or, where
+the evidence cannot decide, the question that is open and the run that would close it.
+
+A mode is recommended only when its quality held against the baseline (accuracy within
+``findings.ACC_TOLERANCE``, perplexity within ``findings.PPL_TOLERANCE``; over repeats, the
+whole interval), its runs went right numerically (``numerics.went_wrong``), and it is faster
+than the baseline on a device whose timings mean something (a GPU, not an emulated fp8 run).
+Three things leave the question open instead: a baseline that has not learned (accuracy near
+chance, perplexity near the unigram baseline's), timings from a CPU, and intervals that cannot
+tell a mode from the baseline yet.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ampsweep.precision import modes
+from ampsweep.precision.modes import BASELINE
+from ampsweep.report import numerics, stats
+from ampsweep.report.findings import ACC_TOLERANCE, LEARNT, PPL_TOLERANCE, describe_device
+from ampsweep.report.model import Recommendation, Row, how_much, is_number, ratio_range
+from ampsweep.tracking.store import FINISHED
+
+# Accuracy below this many times chance (1 / classes) is a baseline that has not learned.
+CHANCE_FACTOR = 1.5
+# Overrides of the sweep that a single run of the chosen mode leaves out.
+SWEEP_ONLY = ("precision", "sweep.repeats", "trainer.seed", "hydra.")
+
+
+def recommend(
+    rows: list[Row],
+    device: dict[str, str],
+    baseline_mode: str = BASELINE,
+    sweep_command: str = "",
+) -> Recommendation:
+    """The recommendation for the first configuration of ``rows`` (a report's summary: one row
+    per configuration and mode) that has a baseline to compare with."""
+    group = _first_group(rows)
+    base = next((r for r in group if r.precision == baseline_mode), None)
+    if base is None:
+        return Recommendation(
+            None,
+            f"no mode finished beside a {baseline_mode} run of the same config, so none can be "
+            "compared.",
+            _sweep(sweep_command, {"precision": f"{baseline_mode},bf16"}),
+            open_question=f"how each mode compares with {baseline_mode}",
+        )
+    others = [r for r in group if r.precision != baseline_mode]
+    where = f" for {base.configuration}{_on(device)}"
+    unlearned = _not_learned(base)
+    if unlearned:
+        return Recommendation(
+            None,
+            f"{unlearned}, so no mode can be judged against it{where}. Train longer (more "
+            "epochs, or a higher learning rate) and sweep again.",
+            _sweep(sweep_command, {"trainer.epochs": "<more>"}),
+            evidence={"baseline": unlearned},
+            open_question="whether the baseline learns at all at this run length",
+        )
+    wrong = [r.precision for r in others if numerics.went_wrong(r)]
+    ruled_out = f" {', '.join(wrong)} went wrong numerically (see the findings)." if wrong else ""
+    verdicts = {r.precision: _quality(r) for r in others if not numerics.went_wrong(r)}
+    held = [r for r in others if verdicts.get(r.precision) == "held"]
+    unsure = [r for r in others if verdicts.get(r.precision) == "open"]
+    if device.get("device") == "cpu":
+        return _cpu(held, unsure, base, sweep_command, device, ruled_out)
+    timed = [r for r in held if is_number(r.speedup) and not r.emulated]
+    faster = sorted((r for r in timed if _speed_verdict(r) == "higher"), key=lambda r: -r.speedup)
+    if faster:
+        best, *rest = faster
+        runner = rest[0] if rest else None
+        return _use(best, runner, base, where, sweep_command, ruled_out)
+    wide = [r for r in timed + unsure if _open(r)]
+    if wide:
+        needed = max(_needed(r) for r in wide)
+        names = ", ".join(r.precision for r in wide)
+        return Recommendation(
+            None,
+            f"{names} cannot yet be told from {baseline_mode}{where}: the intervals over "
+            f"{min(r.n for r in wide)} run(s) per mode are too wide to judge.{ruled_out} About "
+            f"{needed} runs per mode would narrow them at this spread.",
+            _sweep(sweep_command, {"sweep.repeats": str(needed)}),
+            evidence={r.precision: _evidence_line(r, base) for r in wide},
+            open_question=f"whether {names} is faster than {baseline_mode} with accuracy held",
+        )
+    saving = min(held, key=lambda r: r.activation_ratio or 1.0, default=None)
+    also = ""
+    if saving is not None and is_number(saving.activation_ratio) and saving.activation_ratio < 1:
+        also = (
+            f" If memory is what you need, {saving.precision} held quality: "
+            f"{_evidence_line(saving, base)}."
+        )
+    return Recommendation(
+        baseline_mode,
+        f"no mode was faster than {baseline_mode} with its quality held{where}.{ruled_out}{also}",
+        _single(sweep_command, baseline_mode),
+        evidence={r.precision: _evidence_line(r, base) for r in others},
+        runner_up=saving.precision if also else None,
+    )
+
+
+def _first_group(rows: list[Row]) -> list[Row]:
+    compared = [r for r in rows if r.status == FINISHED and r.baseline]
+    if not compared:
+        return []
+    where = compared[0].configuration
+    return [r for r in compared if r.configuration == where]
+
+
+def _on(device: dict[str, str]) -> str:
+    return {"cpu": " on this CPU", "cuda": " on this GPU"}.get(device.get("device", ""), "")
+
+
+def _not_learned(base: Row) -> str:
+    """Why the baseline has not learned, in words with its numbers; "" when it has."""
+    if is_number(base.val_acc) and base.num_classes:
+        chance = 1 / base.num_classes
+        if base.val_acc < CHANCE_FACTOR * chance:
+            return (
+                f"{base.precision} reached accuracy {base.val_acc:.3f}, near chance for "
+                f"{base.num_classes} classes ({chance:.3f}): the baseline has not learned"
+            )
+    if is_number(base.val_ppl) and is_number(base.unigram_ppl):
+        if base.val_ppl >= LEARNT * base.unigram_ppl:
+            return (
+                f"{base.precision} reached perplexity {base.val_ppl:.3f}, not far below the "
+                f"unigram baseline's {base.unigram_ppl:.3f}: the baseline has not learned"
+            )
+    return ""
+
+
+def _quality(r: Row) -> str:
+    """``held``, ``lost`` or ``open`` (an interval reaching both sides of the tolerance, or no
+    quality measured)."""
+    if is_number(r.ppl_ratio):
+        return "held" if r.ppl_ratio <= 1 + PPL_TOLERANCE else "lost"
+    if not is_number(r.acc_delta):
+        return "open"
+    est = r.ci.get("acc_delta")
+    if est is None or not est.has_interval:
+        return "held" if r.acc_delta >= -ACC_TOLERANCE else "lost"
+    if est.low >= -ACC_TOLERANCE:
+        return "held"
+    return "lost" if est.high < -ACC_TOLERANCE else "open"
+
+
+def _speed_verdict(r: Row) -> str | None:
+    """``stats.compare`` on the speed-up's interval; a single run: higher when above 1."""
+    est = r.ci.get("speedup")
+    if est is None or not est.has_interval:
+        return "higher" if r.speedup > 1 else "lower"
+    return stats.compare(est, 1.0)
+
+
+def _open(r: Row) -> bool:
+    """An interval (speed or accuracy) that contains "no difference" and is too wide."""
+    for name, null, target, ratio in (
+        ("speedup", 1.0, stats.PRECISION_WANTED, True),
+        ("acc_delta", 0.0, ACC_TOLERANCE, False),
+    ):
+        est = r.ci.get(name)
+        verdict = stats.compare(est, null)
+        needed = stats.repeats_needed(est, target, ratio)
+        if verdict == "too wide" or (verdict == "indistinguishable" and needed > est.n):
+            return True
+    return False
+
+
+def _needed(r: Row) -> int:
+    speed = stats.repeats_needed(r.ci.get("speedup"), stats.PRECISION_WANTED, ratio=True)
+    acc = stats.repeats_needed(r.ci.get("acc_delta"), ACC_TOLERANCE)
+    return min(max(n for n in (speed, acc, stats.MIN_REPEATS) if n), stats.MAX_REPEATS)
+
+
+def _quality_words(r: Row, base: Row) -> str:
+    if is_number(r.ppl_ratio):
+        return f"perplexity {r.val_ppl:.3f} vs {base.val_ppl:.3f} ({r.ppl_ratio:.2f}x)"
+    if not is_number(r.acc_delta) or not is_number(r.val_acc):
+        return "no accuracy measured"
+    est = r.ci.get("acc_delta")
+    spread = f" +/- {est.half_width * 100:.1f}" if est is not None and est.has_interval else ""
+    return f"accuracy {r.val_acc:.3f} ({r.acc_delta * 100:+.1f}{spread} points vs {base.precision})"
+
+
+def _mem(r: Row) -> str:
+    parts = []
+    if is_number(r.activation_ratio):
+        parts.append(f"{ratio_range(r.activation_ratio, r.ci.get('activation_ratio'))} the "
+                     "activation memory")  # fmt: skip
+    if is_number(r.peak_ratio):
+        parts.append(f"{ratio_range(r.peak_ratio, r.ci.get('peak_ratio'))} the peak memory")
+    if is_number(r.max_batch_ratio):
+        parts.append(f"{ratio_range(r.max_batch_ratio, r.ci.get('max_batch_ratio'))} the batch")
+    return ", ".join(parts) or "no memory measured"
+
+
+def _scaler(r: Row) -> str:
+    mode = modes.get(r.precision)
+    if mode is None:
+        return ""
+    return "with a GradScaler (on by default)" if mode.scaler else "no loss scaler needed"
+
+
+def _evidence_line(r: Row, base: Row) -> str:
+    speed = ""
+    if is_number(r.speedup) and not r.emulated:
+        speed = f"{how_much(r.speedup)} ({ratio_range(r.speedup, r.ci.get('speedup'))}), "
+    n = f", n={r.n}" if r.n > 1 else ", a single run"
+    return f"{speed}{_quality_words(r, base)}, {_mem(r)}{n}"
+
+
+def _use(best: Row, runner: Row | None, base: Row, where: str, command: str, ruled_out: str):
+    evidence = {best.precision: _evidence_line(best, base)}
+    second = ""
+    if runner is not None:
+        evidence[runner.precision] = _evidence_line(runner, base)
+        second = f" Runner-up: {runner.precision}, {how_much(runner.speedup)}."
+    scaler = _scaler(best)
+    single = " (a single run per mode: sweep.repeats=3 gives each an interval)"
+    return Recommendation(
+        best.precision,
+        f"{best.precision} is {how_much(best.speedup)} than {base.precision}{where} with its "
+        f"quality held: {evidence[best.precision]}; {scaler}{single if best.n == 1 else ''}."
+        f"{second}{ruled_out}",
+        _single(command, best.precision),
+        evidence=evidence,
+        runner_up=runner.precision if runner else None,
+    )
+
+
+def _cpu(held, unsure, base, command, device, ruled_out) -> Recommendation:
+    kept = "; ".join(f"{r.precision}: {_quality_words(r, base)}, {_mem(r)}" for r in held)
+    kept = f" Quality held for {kept}." if held else ""
+    if unsure:
+        names = ", ".join(r.precision for r in unsure)
+        kept += f" The quality of {names} cannot be judged yet (intervals too wide)."
+    return Recommendation(
+        None,
+        f"{describe_device(device)} has no tensor cores, so its timings say nothing about "
+        f"which mode is faster on a GPU for {base.configuration}.{kept}{ruled_out} Run the "
+        "same sweep on a GPU.",
+        _sweep(command, {"trainer.device": "cuda"}),
+        evidence={r.precision: _evidence_line(r, base) for r in held},
+        open_question="which mode is fastest on the GPU this model will train on",
+    )
+
+
+def _tokens(command: str) -> list[str]:
+    words = shlex.split(command) if command else ["ampsweep", "train", "-m"]
+    return words if "-m" in words or "--multirun" in words else [*words[:2], "-m", *words[2:]]
+
+
+def _sweep(command: str, changes: dict[str, str]) -> str:
+    """The sweep's own command with ``changes`` (``key=value`` overrides) made to it."""
+    words = [w for w in _tokens(command) if w.split("=", 1)[0] not in changes]
+    return shlex.join([*words, *(f"{k}={v}" for k, v in changes.items())])
+
+
+def _single(command: str, mode: str) -> str:
+    """One run of ``mode`` with the sweep's other settings: ``ampsweep train precision=bf16
+    model=...``; what only a sweep takes (``-m``, the seeds, repeats, a list of values) is
+    left out."""
+    words = [
+        w
+        for w in _tokens(command)[2:]
+        if w not in ("-m", "--multirun")
+        and not w.split("=", 1)[0].startswith(SWEEP_ONLY)
+        and "," not in w.split("=", 1)[-1]
+    ]
+    return shlex.join(["ampsweep", "train", f"precision={mode}", *words])
