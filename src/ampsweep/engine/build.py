@@ -231,13 +231,26 @@ def preflight(configs: list[Config]) -> None:
         samples, shape, classes = samples_of[key]
         with torch.device("meta"):
             model = models.build_model(cfg.model, shape, classes)
-        if models.has_lazy_parameters(model):  # lazy layers learn their shapes, on meta too
-            label = models.MODELS.builder(cfg.model).label
-            with torch.no_grad():
-                models.dry_run(model, samples.to("meta"), label)
+        if mode.fp8 and models.has_lazy_parameters(model):  # fp8 needs the layers' shapes
+            model = _shaped(model, cfg, samples, shape, classes)
         if mode.fp8:
             check_fp8(model, samples, mode, cfg, policy.kept)
         policy.keep_modules_fp32(model)  # every keep_fp32 pattern names a module
+
+
+def _shaped(model, cfg: Config, samples: torch.Tensor, shape, classes) -> torch.nn.Module:
+    """A model with lazy layers after one forward pass, which gives them their shapes: on the
+    meta device where the model runs there (no memory), else on the CPU (a model that asks
+    autocast about its device, say, cannot run on meta)."""
+    label = models.MODELS.builder(cfg.model).label
+    with torch.no_grad():
+        try:
+            models.dry_run(model, samples.to("meta"), label)
+            return model
+        except ConfigError:
+            model = models.build_model(cfg.model, shape, classes)
+            models.dry_run(model, samples, label)
+            return model
 
 
 def _two_samples(splits) -> torch.Tensor:
