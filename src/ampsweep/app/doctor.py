@@ -178,7 +178,6 @@ class Doctor:
                 )
         self.search = [search_entry(config_dir)] if config_dir else []
         self.folder = Path(config_dir).expanduser() if config_dir else Path("outputs/doctor/conf")
-        self.config_dir = config_dir
         given = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "precision"]
         # precision.* settings (keep_fp32, the scaler's) are for the modes examined: fp32, the
         # baseline, runs without them (keep_fp32 would mean nothing there)
