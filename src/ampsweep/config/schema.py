@@ -45,7 +45,7 @@ class ModelConfig:
     """``model=<name>``: a registered model builder and its own settings, or ``_target_``: any
     callable returning an ``nn.Module`` (``name`` is then only a label)."""
 
-    name: str = "cnn"
+    name: str = "cnn"  # a registered builder (conf/model/), or a label with _target_
     args: dict[str, Any] = field(default_factory=dict)  # model.<key>: the builder's settings
     target: str | None = None  # _target_: the dotted path of a class or factory
 
@@ -60,17 +60,17 @@ class Preload(Enum):
 class DatasetConfig:
     """``dataset=<name>``: a registered loader, the keys every data set shares, and its own."""
 
-    name: str = "digits"
+    name: str = "digits"  # a registered loader (conf/dataset/), or a label with _target_
     args: dict[str, Any] = field(default_factory=dict)  # dataset.<key>: the loader's settings
     target: str | None = None  # _target_: a callable returning a torch Dataset (or two)
     val_fraction: float = 0.2  # data sets without a test split: held-out share
     split_seed: int = 0  # the train/validation split (and generated data) is fixed by this seed
     # normalisation: empty lists mean "the data set's own statistics"
     mean: list[float] = field(default_factory=list)
-    std: list[float] = field(default_factory=list)
+    std: list[float] = field(default_factory=list)  # per channel, as many as mean
     # augmentation (train split only): random crop with padding and horizontal flip
     random_crop_padding: int = 0
-    horizontal_flip: bool = False
+    horizontal_flip: bool = False  # flip training images left-right at random
     # auto | true | false (see Preload). A string, not the Enum: Hydra parses an unquoted
     # `dataset.preload=true` as a bool, which an Enum field refuses; __post_init__ normalises.
     preload: str = "auto"
@@ -89,11 +89,11 @@ class Schedule(Enum):
 class OptimizerConfig:
     """``optimizer=<name>``: a registered optimizer, the keys all share, and its own."""
 
-    name: str = "adamw"
+    name: str = "adamw"  # a registered optimizer (conf/optimizer/): adamw, sgd
     args: dict[str, Any] = field(default_factory=dict)  # optimizer.<key>: e.g. betas, momentum
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    schedule: Schedule = Schedule.none
+    lr: float = 1e-3  # peak learning rate
+    weight_decay: float = 0.0  # decoupled (AdamW) or L2 (SGD) weight decay
+    schedule: Schedule = Schedule.none  # none (constant) or cosine
     warmup_steps: int = 0  # cosine: linear warm-up steps
     min_lr_ratio: float = 0.0  # cosine: final lr / lr
 
@@ -103,7 +103,7 @@ class TaskConfig:
     """``task=<name>``: what is learnt from the data, which decides how the loss is applied to
     a batch and which metrics are reported (``classification``, ``language_modeling``)."""
 
-    name: str = "classification"
+    name: str = "classification"  # chosen by the text data sets themselves
     args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -113,10 +113,10 @@ class LossConfig:
     makes the loss function (``torch.nn.CrossEntropyLoss``), or with ``_partial_: true`` the
     loss function itself, its arguments bound by name. It receives fp32 logits and targets."""
 
-    name: str = "cross_entropy"
+    name: str = "cross_entropy"  # a registered loss (conf/loss/)
     args: dict[str, Any] = field(default_factory=dict)
-    target: str | None = None
-    partial: bool = False
+    target: str | None = None  # _target_: the dotted path of the loss class or function
+    partial: bool = False  # _partial_: true: the target is the loss function itself
 
 
 # Which typed config each open section becomes (the rest of its keys go to ``args``).
@@ -142,10 +142,10 @@ class Device(Enum):
 
 @dataclass
 class TrainerConfig:
-    device: Device = Device.auto
-    epochs: int = 10
+    device: Device = Device.auto  # auto: a CUDA GPU when there is one, else the CPU
+    epochs: int = 10  # passes over the training split
     max_steps: int = -1  # > 0 stops after this many optimizer steps
-    batch_size: int = 64
+    batch_size: int = 64  # samples per micro-batch (per process under DDP)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     grad_clip: float = 0.0  # max global grad norm; 0 disables (with a scaler: after unscale_)
     # Multiplies the training loss before backward, so every gradient shrinks by the same
@@ -155,7 +155,7 @@ class TrainerConfig:
     eval_every: int = 1  # epochs between evaluations (and always at the end)
     log_every: int = 10  # optimizer steps between train/loss logs
     timing_warmup_steps: int = 5  # steps excluded from perf/step_time_ms
-    seed: int = 0
+    seed: int = 0  # weights, data order, dropout, augmentation (not the split)
     deterministic: bool = False  # bit-for-bit repeatable runs (slower kernels)
     num_workers: int = 0  # DataLoader workers (only for data that is not preloaded)
     compile: bool = False  # torch.compile the model
@@ -187,25 +187,25 @@ class Tracker(Enum):
 
 @dataclass
 class TrackingConfig:
-    backend: Tracker = Tracker.mlflow
+    backend: Tracker = Tracker.mlflow  # none: record nothing
     # None: $MLFLOW_TRACKING_URI if set, else sqlite:///<cwd>/outputs/mlflow.db
     uri: str | None = None
-    experiment: str = "ampsweep"
+    experiment: str = "ampsweep"  # the MLflow experiment runs are recorded in
     run_name: str | None = None  # None: <precision>-<model>-<dataset>
     artifact_root: str = "outputs/mlartifacts"  # where new experiments store artifacts
     # Metrics are buffered and written in one asynchronous batch every metrics_flush_seconds
     # (and at the end of the run); metrics_flush_every > 0 also writes every N log calls.
     metrics_flush_seconds: float = 10.0
-    metrics_flush_every: int = 0
+    metrics_flush_every: int = 0  # > 0: also write the buffered metrics every N log calls
     skip_finished: bool = True  # a sweep relaunch skips jobs whose identical config FINISHED
     # The trained model as an MLflow model of the run (runs:/<run id>/model), and, when
     # register_model names one, a new version of that registered model per run.
     log_model: bool = True
-    register_model: str | None = None
+    register_model: str | None = None  # a registered model name: each run adds a version of it
     # The machine's load (CPU, memory, disk, network; GPUs through NVML) as MLflow's system/
     # metrics, sampled every system_metrics_interval seconds on a background thread.
     system_metrics: bool = True
-    system_metrics_interval: float = 2.0
+    system_metrics_interval: float = 2.0  # seconds between system metric samples
 
 
 @dataclass

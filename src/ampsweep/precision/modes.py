@@ -192,9 +192,9 @@ class PrecisionConfig:
     keep_fp32: list[str] = field(default_factory=list)
     # Resolved from ``name`` (see the table); recorded so the logged config says what ran.
     dtype: Dtype | None = None
-    autocast: bool | None = None
-    pure: bool | None = None
-    tf32: bool | None = None
+    autocast: bool | None = None  # forward + loss under torch.autocast
+    pure: bool | None = None  # parameters and gradients in dtype
+    tf32: bool | None = None  # TF32 matmuls and convolutions (CUDA)
 
 
 # The fields above that a mode decides (cleared when another mode is picked).
