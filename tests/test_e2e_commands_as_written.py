@@ -1,5 +1,7 @@
-"""README commands as a new user types them: relative config paths, run folders named as
-documented, one error line for a DDP config error, no resume line before a refusal."""
+"""The docs' commands as a new user types them: every runnable block of README.md and docs/
+runs (tests/docs_blocks.py says how), and a few commands whose output the docs describe are
+checked closely (relative config paths, run folders named as documented, one error line for a
+DDP config error, no resume line before a refusal)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,73 @@ import logging
 import re
 from pathlib import Path
 
+import docs_blocks
 import pytest
 from conftest import run_cli
+from docs_blocks import REPO, Session
 
 from ampsweep.app import cli
 from ampsweep.tracking import store as mlflow_store
 
-pytestmark = pytest.mark.slow
+# ---------------------------------------------------------------- every block of the docs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", docs_blocks.pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_command_of_the_page_runs(page, tmp_path, empty_store, capsys):
+    found = docs_blocks.blocks(page)
+    runnable = [b for b in found if b.skip is None]
+    if not runnable:
+        reasons = sorted({b.skip for b in found}) or ["no shell or Python block"]
+        pytest.skip("; ".join(reasons))
+    session = Session(tmp_path, empty_store, lambda: "".join(capsys.readouterr()))
+    for block in runnable:
+        session.run(block)
+
+
+def test_every_block_is_run_or_skipped_with_a_reason():
+    found = [b for page in docs_blocks.pages() for b in docs_blocks.blocks(page)]
+    assert len(found) > 40  # the collector sees the docs' blocks (README alone has 4)
+    assert all(b.skip is None or b.skip.strip() for b in found)
+    run = [b for b in found if b.skip is None]
+    assert len(run) > len(found) / 2, [b.where for b in found if b.skip]
+    # every page of the site is collected, and so is every block a page has
+    for page in docs_blocks.pages():
+        fences = page.read_text().count("```bash") + page.read_text().count("```python")
+        assert len(docs_blocks.blocks(page)) >= fences, page
+
+
+def test_a_broken_block_fails_naming_its_page_and_line(tmp_path, empty_store, capsys):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Text.\n\n<!-- run: trainer.max_steps=2 -->\n```bash\n"
+        "ampsweep train --cfg job            # prints the config: fine\n"
+        "ampsweep train trainer.epoch=3      # a typo\n```\n"
+    )
+    (block,) = docs_blocks.blocks(page)
+    assert block.overrides == ["trainer.max_steps=2"] and block.line == 4
+    session = Session(tmp_path / "run", empty_store, lambda: "".join(capsys.readouterr()))
+    with pytest.raises(
+        AssertionError, match=r"page.md:4: ampsweep train trainer.epoch=3 .*exited 2"
+    ):
+        session.run(block)
+
+
+def test_markers_and_pip_lines(tmp_path, empty_store, capsys):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- skip: needs a GPU -->\n```bash\nampsweep train trainer.device=cuda\n```\n\n"
+        "<!-- cwd: examples/shapes -->\n```sh\npip install -e '.[timm,fp8]'\n"
+        "pip install 'ampsweep[gpu]'\n```\n\n```yaml\nnot: collected\n```\n"
+    )
+    skipped, pip = docs_blocks.blocks(page)
+    assert skipped.skip == "needs a GPU" and pip.cwd == "examples/shapes"
+    session = Session(tmp_path / "run", empty_store, lambda: "".join(capsys.readouterr()))
+    with pytest.raises(AssertionError, match=r"no such extra \['gpu'\]"):
+        session.run(pip)
+
+
+# ---------------------------------------------------------------- commands checked closely
 
 
 def _runs(store: str):
@@ -21,6 +83,7 @@ def _runs(store: str):
     return client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
+@pytest.mark.slow
 def test_run_folder_is_time_mode_model_data_and_a_relative_config_path_reruns_it(
     tmp_path, store, quick, monkeypatch, capsys
 ):
@@ -51,6 +114,7 @@ def test_run_folder_is_time_mode_model_data_and_a_relative_config_path_reruns_it
     assert bf16.data.tags["precision"] == "bf16"
 
 
+@pytest.mark.slow
 def test_a_ddp_config_error_is_one_line_and_exit_2(tmp_path):
     args = ["train", "trainer.nproc=2", "dataset=mnist", f"dataset.root={tmp_path / 'none'}"]
     res = run_cli([*args, "tracking=none", "trainer.max_steps=2"], tmp_path, timeout=300)
@@ -60,6 +124,7 @@ def test_a_ddp_config_error_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in res.stdout + res.stderr
 
 
+@pytest.mark.slow
 def test_resume_refused_before_saying_it_resumes(tmp_path, store, quick, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     base = ["train", f"tracking.uri={store}", *quick, "trainer.checkpoint_every=2"]
@@ -73,6 +138,7 @@ def test_resume_refused_before_saying_it_resumes(tmp_path, store, quick, monkeyp
     assert "was written by a different config" in err or "nothing to resume" in err
 
 
+@pytest.mark.slow
 def test_reproduce_says_what_it_does_without_a_download_bar(
     tmp_path, store, quick, capsys, monkeypatch
 ):

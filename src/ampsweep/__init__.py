@@ -1,12 +1,19 @@
 """ampsweep: what mixed precision buys on your model, data and hardware, tracked in MLflow.
 
-From Python (a notebook, a script), exactly as ``ampsweep train`` records::
+From Python (a notebook, a script), exactly as ``ampsweep train`` records:
 
-    import ampsweep
-    run = ampsweep.train(["precision=bf16", "trainer.epochs=3"])
-    run.run_id, run.summary["val/acc"]
-    result = ampsweep.sweep(["experiment=precision_sweep"])
-    result.parent_run_id, result.rows
+```python
+import ampsweep
+run = ampsweep.train(["precision=bf16", "trainer.epochs=3"])
+run.run_id, run.summary["val/acc"]
+result = ampsweep.sweep(["experiment=precision_sweep"])
+result.parent_run_id, result.recommendation, result.rows
+```
+
+The package's layers, each a subpackage: ``config`` (the schema, composing, one-line errors),
+``precision`` (the mode table and the policy that applies a mode), ``measure`` (time, memory,
+FLOPs, numerics), ``engine`` (building a run, the training loop), ``tracking`` (MLflow),
+``report`` (the comparison of a sweep) and ``app`` (the ``ampsweep`` command and this API).
 
 ``train`` and ``sweep`` live in ``ampsweep.app.api`` and load on first use (PEP 562), so
 ``import ampsweep`` stays light: torch, Hydra and MLflow load when a run starts, and the

@@ -23,7 +23,10 @@ from ampsweep.tracking import store
 
 
 class TrainError(RuntimeError):
-    """A run that started but did not finish (it is recorded FAILED or KILLED)."""
+    """A run that started but did not finish (it is recorded FAILED or KILLED).
+
+    Its message is ``"<run name> ended <status>: <reason>"``; ``outcome`` holds the job's
+    outcome (``run_id``, ``status``, ``error``, ``summary``) for a closer look."""
 
     def __init__(self, outcome: JobOutcome):
         super().__init__(f"{outcome.name} ended {outcome.status}: {outcome.error}")
@@ -32,6 +35,16 @@ class TrainError(RuntimeError):
 
 @dataclass
 class TrainResult:
+    """One finished run.
+
+    Attributes:
+        run_id: its MLflow run id (``None`` with ``tracking=none``): open it with
+            ``mlflow.get_run``, load its model from ``runs:/<run_id>/model``.
+        name: its run name, ``<precision>-<model>-<dataset>`` unless ``tracking.run_name``.
+        summary: the final numbers, as in its ``summary.json``: ``val/loss``, ``val/acc`` (or
+            ``val/perplexity``), ``perf/samples_per_s``, ``mem/activation_mib``, ...
+    """
+
     run_id: str | None  # None with tracking=none
     name: str
     summary: dict[str, float]  # the final numbers: val/loss, val/acc or val/perplexity, perf/...
@@ -39,6 +52,18 @@ class TrainResult:
 
 @dataclass
 class SweepResult:
+    """A sweep and its report, as ``ampsweep report`` reads it from the store.
+
+    Attributes:
+        parent_run_id: the sweep's MLflow parent run, which holds the report and the charts.
+        rows: one ``report.model.Row`` per child run, compared with the baseline mode
+            (``precision``, ``val_acc``, ``speedup``, ``status``, ...).
+        findings: the report's findings, one plain sentence each.
+        runs: the jobs that finished in this call (skipped jobs' runs are in ``rows``).
+        recommendation: the mode to use and why, with its command, or the open question and
+            the run that would answer it (the report's first line).
+    """
+
     parent_run_id: str
     rows: list  # report.model.Row: one per child run, compared with the baseline mode
     findings: list[str]
@@ -51,9 +76,21 @@ class SweepResult:
 def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> TrainResult:
     """Train one configuration, as ``ampsweep train [--config-dir DIR] OVERRIDES``.
 
-    Raises ``ConfigError`` (one line) for a command that is refused before it runs, and
-    ``TrainError`` for a run that failed (recorded FAILED, with the reason in its ``error``
-    tag)."""
+    The run is composed, checked, trained and recorded exactly as from the command line.
+
+    Args:
+        overrides: Hydra overrides, e.g. ``["precision=bf16", "trainer.epochs=3"]``.
+        config_dir: a config folder of your own (``--config-dir``), whose group files sit
+            beside ampsweep's (``conf/model/my_net.yaml`` for ``model=my_net``).
+
+    Returns:
+        The finished run: its MLflow run id, name and final numbers.
+
+    Raises:
+        ConfigError: the command is refused before it runs (one line: the key, the value
+            and the fix).
+        TrainError: the run failed (recorded FAILED, with the reason in its ``error`` tag).
+    """
     command = CommandContext()
     code, printed = _run(_args(overrides, config_dir), command)
     if not command.outcomes:
@@ -69,12 +106,23 @@ def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -
 def sweep(
     overrides: Sequence[str] = (), config_dir: str | Path | None = None, baseline: str = "fp32"
 ) -> SweepResult:
-    """Run a sweep, as ``ampsweep train -m [--config-dir DIR] OVERRIDES`` (e.g.
-    ``["experiment=precision_sweep"]`` or ``["precision=fp32,bf16"]``): one MLflow parent run
-    with a child per job, and its report. Returns the parent run id, the report's
-    recommendation, rows and findings (failed jobs are rows with their status and error).
-    Raises ``ConfigError`` for a command refused before it runs (and when tracking is off: a
-    sweep is read back from MLflow)."""
+    """Run a sweep, as ``ampsweep train -m [--config-dir DIR] OVERRIDES``: one MLflow parent
+    run with a child per job, and its report.
+
+    Args:
+        overrides: Hydra overrides with sweeps in them, e.g. ``["experiment=precision_sweep"]``
+            or ``["precision=fp32,bf16", "sweep.repeats=3"]``.
+        config_dir: a config folder of your own (``--config-dir``).
+        baseline: the mode every row is compared with.
+
+    Returns:
+        The parent run id, the report's recommendation, rows and findings (failed jobs are
+        rows with their status and error).
+
+    Raises:
+        ConfigError: the command is refused before it runs, or tracking is off (a sweep's
+            report is read back from MLflow).
+    """
     from ampsweep.report.sweeps import build_report
 
     command = CommandContext()

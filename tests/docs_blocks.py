@@ -1,0 +1,255 @@
+"""The commands of the docs, as a reader would type them: collected from README.md and docs/,
+run in a temporary folder (tests/test_e2e_commands_as_written.py).
+
+A fenced block in ``bash``/``sh``/``shell`` or ``python`` is runnable. HTML comments on the
+lines directly above its fence say how it runs (they do not show on the rendered page):
+
+* ``<!-- skip: REASON -->``: not run (a GPU, a cluster, the network, a server that runs until
+  Ctrl-C); the test reports it skipped with REASON.
+* ``<!-- run: OVERRIDES -->``: Hydra overrides added to each ``ampsweep train``, ``reproduce``,
+  ``doctor`` and ``capacity`` command of the block, to keep it small
+  (``trainer.max_steps=3``). The block is otherwise run as written.
+* ``<!-- cwd: PATH -->``: the block starts in PATH (relative to the page's folder).
+* ``<!-- file: PATH -->``: the block is a file the reader saves (a callback's module, a YAML
+  config): it is written to PATH, in any language, and not run.
+
+The blocks of one page run in order in one folder, as one reader's session: a copy of
+``examples/`` and an empty MLflow store at ``outputs/mlflow.db`` (the default store of a
+command run there). Each block starts in that folder (``cd`` lasts to the end of its block).
+``ampsweep ...`` and ``python -m ampsweep ...`` run in this process (``app.cli.main``), other
+commands in bash. ``source .venv/bin/activate`` does nothing (the suite's venv is active);
+``pip install`` is not run, but each extra it names must be one of pyproject.toml's (the suite's
+venv has them). ``RUN_ID`` stands for the newest run of the store that is not a sweep's parent,
+``SWEEP_ID`` for the newest sweep's parent run. Each command must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNABLE = {"bash": "shell", "sh": "shell", "shell": "shell", "python": "python", "py": "python"}
+# A ``file:`` marker makes a block of any language a file to write.
+FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
+MARKER = re.compile(r"^\s*<!--\s*(?P<kind>run|skip|cwd|file)\s*:\s*(?P<value>.*?)\s*-->\s*$")
+# The commands whose Hydra overrides a ``run:`` marker extends.
+TRAINING = {"train", "reproduce", "doctor", "capacity"}
+
+
+def pages() -> list[Path]:
+    """README.md and every page of the docs site."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    kind: str  # "shell" or "python"
+    code: str
+    overrides: list[str] = field(default_factory=list)
+    skip: str | None = None
+    cwd: str | None = None
+    file: str | None = None
+
+    @property
+    def where(self) -> str:
+        page = self.page.relative_to(REPO) if self.page.is_relative_to(REPO) else self.page
+        return f"{page}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The runnable blocks of a page, with their markers."""
+    lines = page.read_text().splitlines()
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, lang = len(m.group("indent")), m.group("fence"), m.group("lang").lower()
+        start = i
+        body = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i].lstrip())
+            i += 1
+        i += 1
+        block = Block(page, start + 1, RUNNABLE.get(lang, "file"), "\n".join(body) + "\n")
+        above = start - 1
+        while above >= 0 and (marker := MARKER.match(lines[above])):
+            kind, value = marker.group("kind"), marker.group("value")
+            if kind == "run":
+                block.overrides = shlex.split(value) + block.overrides
+            else:
+                setattr(block, kind, value)
+            above -= 1
+        if block.file is not None:
+            block.kind = "file"
+        if block.kind != "file" or block.file is not None:
+            out.append(block)
+    return out
+
+
+def commands(code: str) -> list[str]:
+    """The logical lines of a shell block (backslash continuations joined, blank lines out)."""
+    joined = re.sub(r"\\\n", " ", code)
+    return [ln for ln in joined.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def extras() -> set[str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return set(project["optional-dependencies"])
+
+
+class Session:
+    """One page's folder and the state its blocks share; ``run`` runs one block."""
+
+    def __init__(self, root: Path, empty_store: Path, output: Callable[[], str]):
+        self.root, self.empty_store, self.output = root, empty_store, output
+        self.namespace: dict = {"__name__": "__docs__"}
+        for folder in ("examples", "scripts"):  # what the docs name relative to a checkout
+            shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
+
+    def run(self, block: Block) -> None:
+        cwd = (self.root / block.cwd).resolve() if block.cwd else self.root
+        if block.kind == "file":
+            (cwd / block.file).parent.mkdir(parents=True, exist_ok=True)
+            (cwd / block.file).write_text(block.code)
+            return
+        if block.kind == "python":
+            self._python(block, cwd)
+            return
+        env: dict[str, str] = {}
+        for line in commands(block.code):
+            cwd = self._command(block, line, cwd, env)
+
+    def _fail(self, block: Block, what: str, message: str) -> AssertionError:
+        tail = "\n".join(self.output().splitlines()[-25:])
+        return AssertionError(f"{block.where}: {what}: {message}\n{tail}")
+
+    def _store(self, cwd: Path) -> str:
+        db = cwd / "outputs" / "mlflow.db"
+        if not db.exists():
+            db.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.empty_store, db)
+        return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{db}"
+
+    def _placeholders(self, text: str, cwd: Path) -> str:
+        if "RUN_ID" not in text and "SWEEP_ID" not in text:
+            return text
+        from ampsweep.tracking import store
+
+        client = store.client_for(self._store(cwd))
+        ids = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(ids, order_by=["attributes.start_time DESC"])
+        sweeps = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
+        trained = [r for r in runs if r not in sweeps and store.CAPACITY not in r.data.tags]
+        for name, found in (("RUN_ID", trained), ("SWEEP_ID", sweeps)):
+            if name in text:
+                if not found:
+                    raise AssertionError(f"{name}: no such run in the store yet")
+                text = text.replace(name, found[0].info.run_id)
+        return text
+
+    def _command(self, block: Block, line: str, cwd: Path, env: dict[str, str]) -> Path:
+        line = self._placeholders(line, cwd)
+        os.environ["PWD"] = str(cwd)  # what $PWD says in a shell there
+        words = shlex.split(line, comments=True)
+        assigned = {}
+        while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+            key, _, value = words.pop(0).partition("=")
+            assigned[key] = value
+        if not words:
+            env.update(assigned)
+            return cwd
+        head = words[0]
+        if head == "cd":
+            return (cwd / os.path.expandvars(words[1])).resolve()
+        if head == "export":
+            for word in words[1:]:
+                key, _, value = word.partition("=")
+                env[key] = os.path.expandvars(value)
+            return cwd
+        if head == "source" and words[1:] == [".venv/bin/activate"]:
+            return cwd
+        if head == "pip":
+            self._pip(block, line, words)
+            return cwd
+        if head == "ampsweep" or (
+            head in ("python", "python3") and words[1:3] == ["-m", "ampsweep"]
+        ):
+            args = words[1:] if head == "ampsweep" else words[3:]
+            self._ampsweep(
+                block, line, [os.path.expandvars(a) for a in args], cwd, {**env, **assigned}
+            )
+            return cwd
+        self._shell(block, line, cwd, {**env, **assigned})
+        return cwd
+
+    def _pip(self, block: Block, line: str, words: list[str]) -> None:
+        known = extras()
+        for word in words:
+            for named in re.findall(r"\[([\w,-]+)\]", word):
+                unknown = set(named.split(",")) - known
+                if unknown:
+                    raise self._fail(
+                        block, line, f"no such extra {sorted(unknown)} in pyproject.toml"
+                    )
+
+    def _ampsweep(self, block: Block, line: str, args: list[str], cwd: Path, env: dict) -> None:
+        from ampsweep.app import cli
+
+        if args and args[0] in TRAINING:
+            args = [*args, *block.overrides]
+        self._store(cwd)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        os.chdir(cwd)
+        self.output()  # what came before is not this command's output
+        try:
+            code = cli.main(args)
+        except SystemExit as exc:  # argparse's --help
+            code = exc.code or 0
+        finally:
+            os.chdir(self.root)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        if code != 0:
+            raise self._fail(block, line, f"exited {code} (run as: ampsweep {shlex.join(args)})")
+
+    def _shell(self, block: Block, line: str, cwd: Path, env: dict) -> None:
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        full = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO / "src"), **env}
+        res = subprocess.run(
+            ["bash", "-c", line], cwd=cwd, env=full, capture_output=True, text=True, timeout=300
+        )
+        if res.returncode != 0:
+            raise AssertionError(
+                f"{block.where}: {line}: exited {res.returncode}\n{res.stderr[-3000:]}"
+            )
+
+    def _python(self, block: Block, cwd: Path) -> None:
+        code = self._placeholders(block.code, cwd)
+        self._store(cwd)
+        os.chdir(cwd)
+        try:
+            exec(compile(code, block.where, "exec"), self.namespace)  # noqa: S102 - the docs' own code
+        except Exception as exc:
+            raise self._fail(block, "python block", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            os.chdir(self.root)
