@@ -4,6 +4,8 @@
 # report's charts from the sweep's parent run into docs/assets/ and writes everything the
 # sweep printed to docs/assets/demo_report.txt, headed by the machine (lscpu's model name,
 # cores), the date and the versions. The README's report excerpt is copied from that file.
+# Where chromium is installed, it then serves the store with ampsweep ui and takes a
+# screenshot of the sweep's page in MLflow's UI (docs/assets/demo_ui_sweep.png).
 # Extra arguments are Hydra overrides for the sweep, e.g. scripts/docs_assets.sh trainer.epochs=3
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +39,25 @@ for png in $charts; do
     cp "$png" "$assets/demo_$(basename "$png")"
 done
 echo "docs_assets: wrote $assets/demo_report.txt and $(echo "$charts" | wc -l) charts (exit $status)"
+
+if command -v chromium >/dev/null; then
+    port="$("$root/.venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    (cd "$work" && exec "$root/.venv/bin/ampsweep" ui --port "$port") > "$work/ui.txt" 2>&1 &
+    ui=$!
+    for _ in $(seq 120); do grep -q "newest sweep" "$work/ui.txt" && break; sleep 1; done
+    # The newest sweep's page: the link ampsweep ui prints after "newest sweep ...: "
+    link="$(sed -n 's/.*newest sweep [^ ]*: //p' "$work/ui.txt" | head -n 1)"
+    if [ -n "$link" ]; then
+        chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-sync \
+            --disable-background-networking --disable-component-update \
+            --user-data-dir="$work/chromium" --window-size=1400,900 --virtual-time-budget=15000 \
+            --screenshot="$assets/demo_ui_sweep.png" "$link" > "$work/chromium.txt" 2>&1 \
+            && echo "docs_assets: wrote $assets/demo_ui_sweep.png" \
+            || echo "docs_assets: note: chromium took no screenshot (see above)" >&2
+    else
+        echo "docs_assets: note: ampsweep ui printed no sweep link: $(tail -n 3 "$work/ui.txt")" >&2
+    fi
+    kill -INT "$ui" 2>/dev/null || true
+    wait "$ui" 2>/dev/null || true
+fi
 exit "$status"

@@ -91,3 +91,12 @@ def test_every_page_is_in_the_navigation():
     }
     assert on_disk <= listed, on_disk - listed
     assert "reference/configuration.md" in listed  # generated, not on disk
+
+
+def test_the_readmes_links_lead_somewhere():
+    readme = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    assert len(links) > 10
+    for link in links:
+        if not link.startswith("http"):
+            assert (REPO / link).exists(), link
