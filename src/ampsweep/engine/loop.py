@@ -206,16 +206,19 @@ def fit(
             if state.batch % accum == 0:
                 timer.start()
                 step_batches, step_losses = [], []
-            # Autocast covers the forward pass and the loss only; backward runs outside it.
-            # The loss is computed in fp32 on fp32 logits (the objective upcasts them).
-            with (
-                policy.autocast(),
-                totals.meter.record(enabled=state.step == 0 and state.batch == 0),
-            ):
-                logits = model(x)
-                loss = objective(logits, y)
-            # Scale the loss so small fp16 gradients do not underflow (a no-op when disabled).
-            scaler.scale(loss * loss_weight).backward()
+            # Under DDP, gradients are all-reduced on the step's last micro-batch only (the
+            # others accumulate locally): one synchronisation per optimizer step.
+            with distributed.gradient_sync(model, sync=(state.batch + 1) % accum == 0):
+                # Autocast covers the forward pass and the loss only; backward runs outside
+                # it. The loss is computed in fp32 on fp32 logits (the objective upcasts them).
+                with (
+                    policy.autocast(),
+                    totals.meter.record(enabled=state.step == 0 and state.batch == 0),
+                ):
+                    logits = model(x)
+                    loss = objective(logits, y)
+                # Scale the loss so small fp16 gradients do not underflow (a no-op when off).
+                scaler.scale(loss * loss_weight).backward()
             totals.add_loss(loss)
             step_batches.append((x, y))
             step_losses.append(loss)
