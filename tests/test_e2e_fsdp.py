@@ -8,7 +8,6 @@ start costs seconds)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -77,8 +76,8 @@ def ddp_accumulation() -> dict:
     from ampsweep.engine import build, distributed, loop
 
     def train():
-        setup = build.build(config.load([*EXACT, "tracking=none", "trainer.batch_size=8",
-                                         "trainer.grad_accum_steps=4", "trainer.max_steps=3"]))  # fmt: skip
+        args = ["trainer.batch_size=8", "trainer.grad_accum_steps=4", "trainer.max_steps=3"]
+        setup = build.build(config.load([*EXACT, "tracking=none", *args]))
         buckets = []
 
         def counting(state, bucket):
