@@ -16,7 +16,10 @@ import textwrap
 
 import pytest
 import torch
-from conftest import EXACT, REPO
+from callbacks import signal_at_step
+from conftest import EXACT, REPO, all_runs, callback_env, run_cli
+
+from ampsweep.tracking import store
 
 # Runs the named scenario of this file's SCENARIOS on every rank and saves what it returns.
 WORKER = textwrap.dedent(
@@ -197,3 +200,74 @@ def test_fsdp_trains_as_ddp_does_and_its_precision_policy_runs(tmp_path):
     whole, per_rank = r0["cnn-ddp"]["summary"], r0["cnn-fsdp"]["summary"]
     assert per_rank["mem/params_mib"] == pytest.approx(whole["mem/params_mib"] / 2, rel=0.05)
     assert per_rank["mem/gathered_mib"] > 0
+
+
+def _end_weights(folder) -> dict:
+    """The model weights of the end checkpoint under ``folder`` (read from its DCP shards)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    (end,) = folder.glob("*/*/step-*-end.dcp")
+    dcp_to_torch_save(end, folder / "end.pt")
+    return torch.load(folder / "end.pt", weights_only=False)["model"]
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp_run_resumes_to_the_same_weights_on_two_ranks_and_on_one(tmp_path, store_uri):
+    """Through the CLI: an FSDP run writes sharded checkpoints and logs the whole model; a run
+    killed after step 6 (rank 1 SIGKILLed) resumes from its step-4 checkpoint to the very
+    weights of the uninterrupted run; the uninterrupted run's step-8 checkpoint resumes in
+    one process with the same global batch (1 x 32 = 2 x 16); a DDP resume is refused."""
+    base = [*EXACT, "optimizer=adamw", "trainer.batch_size=16", "trainer.strategy=fsdp",
+            "trainer.checkpoint_every=4", "trainer.keep_checkpoints=10",
+            f"tracking.uri={store_uri}"]  # fmt: skip
+    env = callback_env({"OMP_NUM_THREADS": "1"})
+    full = run_cli(["train", *base, "trainer.nproc=2", f"trainer.checkpoint_dir={tmp_path / 'a'}"],
+                   tmp_path, env=env)  # fmt: skip
+    assert full.returncode == 0, full.stderr[-3000:]
+    (run,) = all_runs(store_uri)
+    assert run.info.status == store.FINISHED
+    params, metrics = run.data.params, run.data.metrics
+    assert params["trainer.strategy"] == "fsdp" and params["world_size"] == "2"
+    assert params["precision.fsdp.param_dtype"] == params["precision.fsdp.reduce_dtype"] == "fp32"
+    assert metrics["mem/gathered_mib"] > 0 and metrics["mem/params_mib"] > 0
+    logged = mlflow_pytorch_load(store_uri, run.info.run_id)
+    whole = _end_weights(tmp_path / "a")
+    assert logged.keys() == whole.keys()
+    for key, value in whole.items():
+        assert torch.equal(logged[key], value), key  # the gathered model is the trained one
+
+    base.append("tracking.log_model=false")  # logged and checked once is enough
+    killed_at = [signal_at_step(6, "SIGKILL", rank=1), f"trainer.checkpoint_dir={tmp_path / 'b'}"]
+    killed = run_cli(["train", *base, "trainer.nproc=2", *killed_at], tmp_path, env=env)
+    assert killed.returncode != 0
+    (step4,) = (tmp_path / "b").glob("*/*/step-00000004.pt")
+    assert (step4.parent / "step-00000004.dcp" / ".metadata").is_file()
+    resumed = run_cli(["train", *base, "trainer.nproc=2", f"trainer.resume={step4}",
+                       f"trainer.checkpoint_dir={tmp_path / 'b'}"], tmp_path, env=env)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = _end_weights(tmp_path / "b")
+    for key, value in whole.items():
+        assert torch.equal(again[key], value), key  # bit for bit
+
+    (step8,) = (tmp_path / "a").glob("*/*/step-00000008.pt")
+    store.client_for(store_uri).set_terminated(run.info.run_id, store.KILLED)
+    one = run_cli(["train", *base, "trainer.batch_size=32", f"trainer.resume={step8}",
+                   f"trainer.checkpoint_dir={tmp_path / 'c'}"], tmp_path, env=env)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "runs unsharded" in one.stdout
+    on_one = _end_weights(tmp_path / "c")
+    for key, value in whole.items():  # one mean over 32 against two over 16: float order only
+        torch.testing.assert_close(on_one[key], value, rtol=1e-5, atol=1e-6)
+
+    ddp = run_cli(["train", *base, "trainer.strategy=ddp", "trainer.batch_size=32",
+                   f"trainer.resume={step8}"], tmp_path, env=env)  # fmt: skip
+    assert ddp.returncode == 2
+    line = ddp.stderr.strip().splitlines()[-1]
+    assert "written by a trainer.strategy=fsdp run" in line and "Traceback" not in ddp.stderr
+
+
+def mlflow_pytorch_load(uri: str, run_id: str) -> dict:
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.pytorch.load_model(f"runs:/{run_id}/{store.MODEL_NAME}").state_dict()

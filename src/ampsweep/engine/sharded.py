@@ -255,9 +255,57 @@ def _barrier(dist) -> None:
         dist.barrier()
 
 
-def shards_of(ckpt: dict, path: Path) -> Path:
-    """The DCP folder a sharded checkpoint file names (beside the file)."""
-    return Path(path).parent / ckpt["sharded"]
+def shards_of(ckpt: dict) -> Path:
+    """The DCP folder a sharded checkpoint file names (beside the file it was loaded from)."""
+    return Path(ckpt["loaded_from"]).parent / ckpt["sharded"]
+
+
+def dcp_name(target: Path) -> str:
+    """The DCP folder of checkpoint file ``step-N.pt`` (or ``step-N-end.pt``): ``step-N.dcp``."""
+    return target.name.removesuffix(".pt") + DCP_SUFFIX
+
+
+def in_file(setup, target: Path) -> dict:
+    """A sharded checkpoint file's model and optimizer entries: the name of its DCP folder
+    (``Checkpointer(weights=in_file)``)."""
+    return {"model": {}, "optimizer": {}, "sharded": dcp_name(target)}
+
+
+class ShardedCheckpoints:
+    """The checkpoints of an FSDP run, on every rank: each writes its shards (DCP, a
+    collective), then rank 0's ``Checkpointer`` (made with ``weights=in_file``) writes the
+    file with the rest. ``checkpointer``: rank 0's; None on the other ranks."""
+
+    def __init__(self, folder: Path, every: int, checkpointer=None):
+        self.folder, self.every, self.checkpointer = folder, every, checkpointer
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, setup, state, complete: bool = False) -> Path:
+        end = "-end" if complete else ""
+        target = self.folder / f"step-{state.step:08d}{end}.pt"
+        main = self.checkpointer is not None
+        save(self.folder, dcp_name(target), setup.model, setup.optimizer, main)
+        if not main:
+            return target
+        written = self.checkpointer.save(setup, state, complete)
+        kept = {dcp_name(p) for p in self.folder.glob("step-*.pt")}
+        for old in self.folder.glob(f"step-*{DCP_SUFFIX}"):  # the files the pruning removed
+            if old.name not in kept:
+                shutil.rmtree(old, ignore_errors=True)
+        return written
+
+
+def agreed_folder(folder: Path) -> Path:
+    """Rank 0's checkpoint folder, on every rank (the others have no run id to name it)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return folder
+    shared = [str(folder)]
+    dist.broadcast_object_list(shared, src=0)
+    return Path(shared[0])
 
 
 def strategy_of(ckpt: dict) -> str:
