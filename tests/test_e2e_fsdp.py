@@ -271,3 +271,25 @@ def mlflow_pytorch_load(uri: str, run_id: str) -> dict:
 
     mlflow.set_tracking_uri(uri)
     return mlflow.pytorch.load_model(f"runs:/{run_id}/{store.MODEL_NAME}").state_dict()
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_of_an_fsdp_run_at_one_checkpoint(
+    tmp_path, store_uri
+):
+    """SIGTERM reaches rank 1 alone after step 3: both ranks stop at the same step boundary and
+    write one whole sharded checkpoint together (rather than one waiting in a collective the
+    other never joins), and the run ends KILLED."""
+    args = ["train", *EXACT, "trainer.batch_size=16", "trainer.strategy=fsdp", "trainer.nproc=2",
+            "trainer.max_steps=400", "trainer.epochs=100", "tracking.log_model=false",
+            f"trainer.checkpoint_dir={tmp_path / 'ckpt'}", f"tracking.uri={store_uri}",
+            signal_at_step(3, "SIGTERM", rank=1)]  # fmt: skip
+    proc = run_cli(args, tmp_path, env=callback_env({"OMP_NUM_THREADS": "1"}), timeout=240)
+    assert proc.returncode != 0
+    (saved,) = (tmp_path / "ckpt").glob("*/*/step-*.pt")
+    step = torch.load(saved, weights_only=True)["state"]["step"]
+    assert 3 <= step < 10, step
+    shards = saved.with_suffix(".dcp")
+    assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    (run,) = all_runs(store_uri)
+    assert run.info.status == store.KILLED

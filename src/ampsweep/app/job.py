@@ -398,8 +398,9 @@ class Job:
             console.console.print(f"checkpoints: {folder}")
         progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
         hooks = callbacks.instantiate(cfg.trainer.callbacks)  # the user's, checked by plan
+        stop = sharded.GroupStop(self.stop) if sharded.is_sharded(setup.model) else self.stop
         with self.stop.deferred():  # a signal during training stops at a step boundary
-            return fit(setup, recorder.log_metrics, progress, state, checkpoints, self.stop, hooks)
+            return fit(setup, recorder.log_metrics, progress, state, checkpoints, stop, hooks)
 
     def close(self, setup, summary: dict) -> JobOutcome:
         from ampsweep.engine import sharded

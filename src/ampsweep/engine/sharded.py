@@ -337,3 +337,25 @@ def as_saved(ckpt: dict, cfg: Config) -> Config:
     if nproc * batch != t.nproc * t.batch_size:
         return cfg
     return replace(cfg, trainer=replace(t, nproc=nproc, batch_size=batch))
+
+
+class GroupStop:
+    """A stop request every rank agrees on, asked at each step boundary: a signal one rank
+    received stops them all at the same step, so the checkpoint they write together (a
+    collective) is taken at one step. The flag travels over a Gloo group of its own (a CPU
+    all-reduce of one number), so a GPU run adds no device synchronisation per step."""
+
+    def __init__(self, stop):
+        import torch.distributed as dist
+
+        self.stop = stop
+        self.group = dist.new_group(backend="gloo")
+        self.flag = torch.zeros((), dtype=torch.int32)
+
+    @property
+    def requested(self) -> bool:
+        import torch.distributed as dist
+
+        self.flag.fill_(int(bool(self.stop.requested)))
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(self.flag.item())
