@@ -161,3 +161,27 @@ def test_the_report_compares_fsdp_reductions_as_it_compares_modes():
     # Not merged as repeats of one configuration: one row each.
     summarised = groups.summarise(report_rows.compute_rows(runs), runs)
     assert [r.run_id for r in summarised] == ["a", "b", "c"]
+
+
+def test_a_rank_of_n_is_predicted_to_hold_one_nth_and_its_largest_gathered_block():
+    from ampsweep.engine import capacity
+    from ampsweep.measure.memory import model_memory
+
+    gpt = GPT(vocab_size=64, n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0)
+    optimizer = torch.optim.AdamW(gpt.parameters())
+    gpt(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    cfg = config.load(["trainer.strategy=fsdp", "trainer.nproc=4", "precision=bf16"])
+    cfg = replace(cfg, precision=sharded.resolved_precision(cfg.precision, modes.MODES["bf16"]))
+    assert capacity.per_rank(cfg) and not capacity.per_rank(config.load([]))
+    held = sharded.predicted_held(gpt, optimizer, cfg)
+    whole = model_memory(gpt, optimizer)
+    for key, nbytes in whole.items():
+        assert held[key] == nbytes / 4
+    # bf16 gathers, one unit at a time: the root's (embeddings, tied head, final norm)
+    block = sum(p.numel() for p in gpt.blocks[0].parameters())
+    root = sum(p.numel() for p in gpt.parameters()) - 2 * block
+    assert held["gathered_bf16"] == 2 * max(block, root)
+    fsdp = replace(cfg.trainer.fsdp, reshard_after_forward=False)
+    kept = replace(cfg, trainer=replace(cfg.trainer, fsdp=fsdp))
+    assert sharded.predicted_held(gpt, optimizer, kept)["gathered_bf16"] == 2 * (2 * block + root)

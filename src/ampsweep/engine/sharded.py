@@ -193,6 +193,19 @@ def held_memory(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]:
     return held
 
 
+def predicted_held(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]:
+    """What one of ``trainer.nproc`` ranks would hold of the unsharded ``model`` under FSDP:
+    1/nproc of its parameters, gradients and optimizer state (FSDP shards every one evenly,
+    up to padding), and the parameters it gathers at once (``gathered_bytes``)."""
+    from ampsweep.measure.memory import dtype_name, model_memory
+
+    ranks = cfg.trainer.nproc
+    held = {key: nbytes / ranks for key, nbytes in model_memory(model, optimizer).items()}
+    dtype = TORCH_DTYPES[cfg.precision.fsdp.param_dtype.name]
+    held[f"gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
+    return held
+
+
 def full_module(model: nn.Module, skeleton: nn.Module, main: bool) -> nn.Module | None:
     """The whole trained model, unsharded, on rank 0's CPU (``None`` on the other ranks). A
     collective: every rank calls it."""
