@@ -11,7 +11,11 @@
 #   scripts/gpu_bench.sh trainer.max_steps=30   # extra Hydra overrides for every run
 #   scripts/gpu_bench.sh --headline          # what the headline figures need: ResNet-50
 #                                            # uncompiled; bf16 and fp8_tensorwise on the ViT
+#   scripts/gpu_bench.sh --fsdp              # only the FSDP run of the GPT (2+ GPUs)
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_bench.sh   # the same commands on the CPU, tiny and uncompiled
+# With two or more GPUs, every form (but --headline's dry run) also trains the GPT under FSDP
+# (trainer.strategy=fsdp, one rank per GPU) in bf16, gathering bf16 and reducing in fp32 and
+# in bf16: what the reduction's precision costs in perplexity and buys in speed.
 # Published anchor: NVIDIA's ResNet-50 v1.5 on one A100 trains at 938 img/s in TF32 and
 # 2470 img/s with AMP (2.63x). The targets on an H200 (AMP against TF32 and fp32 on resnet50,
 # bf16 MFU of the compiled ViT, fp8 against bf16) are in the table scripts/gpu_day.sh prints.
@@ -27,7 +31,15 @@ models="resnet50 vit gpt llama"
 modes=fp32,tf32,fp16,bf16
 compile=false,true
 fp8_modes=bf16,fp8_tensorwise,fp8_rowwise
+fsdp_only=false
+headline=false
+if [ "${1:-}" = --fsdp ]; then
+  shift
+  fsdp_only=true
+  models=""
+fi
 if [ "${1:-}" = --headline ]; then
+  headline=true
   # AMP against TF32 and fp32 is a ratio of uncompiled ResNet-50 runs, and the ViT's bf16 MFU
   # comes from the compiled bf16 run of the fp8 sweep: two of the full script's 15 compiles,
   # each of which takes longer than the 60 steps it times.
@@ -92,6 +104,28 @@ for name in $models; do
   "$PY" -m ampsweep report --experiment "$exp" --wide --baseline tf32 || status=$?
   echo
 done
+
+# FSDP2 (trainer.strategy=fsdp) on the GPT in bf16, one rank per GPU, with bf16 gathers and
+# fp32 against bf16 gradient reduction (precision.fsdp.reduce_dtype), uncompiled; every rank's
+# processes are started by the ampsweep_local launcher. FSDP needs two ranks or more: on a
+# machine with one GPU it is skipped (said so). The dry run trains two Gloo ranks on the CPU.
+fsdp_ranks=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then fsdp_ranks=2; fi
+if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ] && [ "$headline" = true ]; then
+  echo "=== gpt under FSDP: left out of --headline's dry run (AMPSWEEP_DRYRUN=1 $0 --fsdp runs it)"
+elif [ "$fsdp_ranks" -lt 2 ]; then
+  echo "=== gpt under FSDP: skipped, it shards over two or more GPUs and this machine has $fsdp_ranks"
+else
+  echo "=== gpt under FSDP on $fsdp_ranks ranks: precision=bf16 precision.fsdp.reduce_dtype=fp32,bf16"
+  "$PY" -m ampsweep train -m hydra/launcher=ampsweep_local experiment=precision_sweep_lm \
+    precision=bf16 precision.fsdp.reduce_dtype=fp32,bf16 trainer.strategy=fsdp \
+    "trainer.nproc=$fsdp_ranks" trainer.compile=false "${common[@]}" "${gpt[@]}" \
+    tracking.experiment=gpu_bench_gpt_fsdp "$@" || status=$?
+  echo
+  "$PY" -m ampsweep report --experiment gpu_bench_gpt_fsdp --wide --baseline bf16 || status=$?
+  echo
+fi
+if [ "$fsdp_only" = true ]; then exit "$status"; fi
 
 # fp8 (torchao's float8 training of the ViT's eligible Linear layers) against bf16, compiled, as
 # fp8 is meant to run: what fp8 tensor cores buy (compute capability 8.9+). In the dry run,

@@ -84,10 +84,17 @@ def plan(overrides: list[str], budget: int | None = None) -> list[Config]:
                 "largest batch on a CUDA GPU, and there is none here: add --memory-budget "
                 "SIZE (e.g. 80GiB) for the prediction alone"
             )
-        if cfg.trainer.nproc != 1:
+        fsdp = cfg.trainer.strategy.name == "fsdp"
+        if cfg.trainer.nproc != 1 and not fsdp:
             raise ConfigError(
                 f"trainer.nproc={cfg.trainer.nproc}: ampsweep capacity measures one process "
                 "on one GPU: drop trainer.nproc (a DDP rank holds the same per-GPU batch)"
+            )
+        if cfg.trainer.nproc != 1 and budget is None:  # FSDP: predicted per rank only
+            raise ConfigError(
+                f"trainer.strategy=fsdp trainer.nproc={cfg.trainer.nproc}: ampsweep capacity "
+                "predicts what one rank of the sharded group holds but cannot search it in one "
+                "process: add --memory-budget SIZE (e.g. 80GiB, one GPU's memory)"
             )
     preflight(configs)
     # Eager: torch.compile would recompile at every batch size tried.
@@ -104,8 +111,10 @@ def measure(cfg: Config, budget: int | None, limit: int) -> dict:
 
     setup = build(cfg)
     name = default_run_name(setup.cfg)
-    cuda = setup.device.type == "cuda"
+    cuda = setup.device.type == "cuda" and not capacity.per_rank(setup.cfg)
     doing = "searching" if cuda else "predicting (the search needs a CUDA GPU)"
+    if capacity.per_rank(setup.cfg):
+        doing = f"predicting per rank of {setup.cfg.trainer.nproc} under FSDP"
     console.console.print(f"[bold]{name}[/]: {setup.num_params:,} parameters, {doing} ...")
     metrics = capacity.prediction(setup, budget)
     found = capacity.largest_batch(setup, limit) if cuda else cap.Search(0)

@@ -358,7 +358,7 @@ class Job:
 
     def train(self, setup, ckpt: dict | None) -> dict:
         from ampsweep.app.environment import run_tags
-        from ampsweep.engine import callbacks, checkpoint
+        from ampsweep.engine import callbacks, checkpoint, sharded
         from ampsweep.engine.loop import NoCheckpoints, fit
 
         cfg, recorder = setup.cfg, self.recorder
@@ -373,24 +373,38 @@ class Job:
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = checkpoint.folder_for(cfg, recorder.run_id)
         checkpoints = NoCheckpoints()
+        if sharded.wanted(cfg):  # every rank writes its shards: one folder for all
+            folder = sharded.agreed_folder(folder)
+        weights = sharded.in_file if sharded.wanted(cfg) else None
         if self.rank.is_main:
             checkpoints = checkpoint.Checkpointer(
-                folder, cfg, recorder.run_id, recorder.flush, mask=mask_text
+                folder, cfg, recorder.run_id, recorder.flush, mask=mask_text, weights=weights
             )
             recorder.set_tags({store.CHECKPOINT_DIR: str(folder)})
+        if sharded.wanted(cfg):
+            main = checkpoints if self.rank.is_main else None
+            checkpoints = sharded.ShardedCheckpoints(folder, cfg.trainer.checkpoint_every, main)
         console.console.print(
             f"[bold]{self.name}[/]: {setup.policy.mode.name} on {setup.device}, "
             f"{setup.num_params:,} parameters, {setup.dataset_info['train_samples']} train / "
             f"{setup.dataset_info['val_samples']} val samples, {setup.total_steps} steps"
         )
+        if sharded.wanted(cfg) and not self.rank.enabled:
+            console.console.print(
+                f"{self.name}: trainer.strategy=fsdp in one process: the model runs unsharded "
+                "(FSDP shards over trainer.nproc > 1 ranks); checkpoints are sharded ones"
+            )
         if self.rank.is_main:
             console.console.print(f"checkpoints: {folder}")
         progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
         hooks = callbacks.instantiate(cfg.trainer.callbacks)  # the user's, checked by plan
+        stop = sharded.GroupStop(self.stop) if sharded.is_sharded(setup.model) else self.stop
         with self.stop.deferred():  # a signal during training stops at a step boundary
-            return fit(setup, recorder.log_metrics, progress, state, checkpoints, self.stop, hooks)
+            return fit(setup, recorder.log_metrics, progress, state, checkpoints, stop, hooks)
 
     def close(self, setup, summary: dict) -> JobOutcome:
+        from ampsweep.engine import sharded
+
         final_step = int(summary["train/steps"])
         recorder = self.recorder
         recorder.log_metrics(
@@ -399,6 +413,11 @@ class Job:
         )
         recorder.stop_system_metrics()  # the machine's load from here on is not this training's
         model = None
+        module = setup.model
+        tracked = setup.cfg.tracking.backend == Tracker.mlflow and setup.cfg.tracking.log_model
+        if tracked and sharded.is_sharded(module):
+            # the whole model gathered to rank 0 for logging (a collective: every rank)
+            module = sharded.full_module(module, setup.skeleton, self.rank.is_main)
         self._record_numerics(setup)
         if recorder.run_id is not None:
             recorder.log_json(summary, "summary.json")
@@ -411,7 +430,7 @@ class Job:
             if setup.cfg.tracking.log_model:
                 from ampsweep.engine.export import snapshot
 
-                model = snapshot(setup.model, setup.val_batches)  # fp32, on the CPU, at once
+                model = snapshot(module, setup.val_batches)  # fp32, on the CPU, at once
         outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
         where = None
         if recorder.run_id is not None:

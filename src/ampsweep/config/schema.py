@@ -140,6 +140,27 @@ class Device(Enum):
     cpu = "cpu"
 
 
+class Strategy(Enum):
+    """How ``trainer.nproc > 1`` processes share the training."""
+
+    ddp = "ddp"  # DistributedDataParallel: every rank holds the whole model
+    fsdp = "fsdp"  # FSDP2 (fully_shard): parameters, gradients, optimizer state sharded
+
+
+@dataclass
+class FsdpConfig:
+    """``trainer.strategy=fsdp``: what is sharded as one unit, and when it is gathered."""
+
+    # Glob patterns on the names of ``model.named_modules()`` (e.g. ``blocks.*``): each module
+    # they match is one FSDP unit, gathered for its own forward and backward. Empty: the
+    # model's transformer blocks (the GPT's, a Hugging Face model's), else each top-level
+    # child that holds parameters. The root module always takes what is left.
+    shard: list[str] = field(default_factory=list)
+    # Free each unit's gathered parameters after its forward (gathered again for backward):
+    # less memory, one more all-gather per unit and step.
+    reshard_after_forward: bool = True
+
+
 @dataclass
 class TrainerConfig:
     device: Device = Device.auto  # auto: a CUDA GPU when there is one, else the CPU
@@ -170,6 +191,9 @@ class TrainerConfig:
     max_nonfinite_steps: int = 20
     # processes for DistributedDataParallel (1: no DDP); >1 starts torchrun's elastic launcher
     nproc: int = 1
+    # how the processes share the model (with nproc > 1, or under torchrun / SLURM tasks)
+    strategy: Strategy = Strategy.ddp
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     # Per-step hooks, each in Hydra's instantiate form ({_target_: pkg.mod.Class, arg: value}):
     # a class with before_update(view) and after_step(state) (engine.loop.Callback). They are
     # meant to watch or stop a run, so they are not part of its identity (the config hash): a
@@ -339,6 +363,7 @@ def validate(cfg: Config) -> list[str]:
             "positive std (one value per channel, or both empty for the data set's own)"
         )
     p.extend(modes.problems(cfg.precision))
+    p.extend(_fsdp_problems(cfg))
     mode = modes.get(cfg.precision.name)
     if mode is not None and mode.fp8 and cfg.precision.fp8.emulate and t.compile:
         p.append(
@@ -360,6 +385,31 @@ def validate(cfg: Config) -> list[str]:
         p.append(
             f"tracking.register_model={tr.register_model} needs the model logged: drop "
             "tracking.log_model=false, or tracking.register_model"
+        )
+    return p
+
+
+def _fsdp_problems(cfg: Config) -> list[str]:
+    """FSDP's own settings mean something only under trainer.strategy=fsdp."""
+    t, f = cfg.trainer, cfg.precision.fsdp
+    p = []
+    if t.strategy == Strategy.fsdp:
+        if any(not str(x).strip() for x in t.fsdp.shard):
+            p.append(
+                f"trainer.fsdp.shard=[{','.join(t.fsdp.shard)}]: an empty pattern matches no "
+                "module: give module names, e.g. [blocks.*]"
+            )
+        return p
+    for key, value in (("param_dtype", f.param_dtype), ("reduce_dtype", f.reduce_dtype)):
+        if value is not None:
+            p.append(
+                f"precision.fsdp.{key}={value.name} is FSDP's and changes nothing under "
+                f"trainer.strategy={t.strategy.name}: add trainer.strategy=fsdp, or drop it"
+            )
+    if t.fsdp.shard:
+        p.append(
+            f"trainer.fsdp.shard=[{','.join(t.fsdp.shard)}] changes nothing under "
+            f"trainer.strategy={t.strategy.name}: add trainer.strategy=fsdp, or drop it"
         )
     return p
 

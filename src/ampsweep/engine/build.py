@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ampsweep.config.schema import Config, ConfigError, Device, Tracker
-from ampsweep.engine import components, data, distributed, fingerprint, models, optim
+from ampsweep.engine import components, data, distributed, fingerprint, models, optim, sharded
 from ampsweep.engine.data.batches import Augment, Batches
 from ampsweep.engine.fp8 import Conversion, check_fp8, convert_fp8
 from ampsweep.engine.losses import check_loss
@@ -75,6 +75,8 @@ class Setup:
     # per-step callbacks (engine.loop.Callback), the locator among them.
     locator: NonfiniteLocator | NoLocator = field(default_factory=NoLocator)
     callbacks: list = field(default_factory=list)
+    # Under FSDP: the model's unsharded structure on the meta device (engine.sharded.template)
+    skeleton: torch.nn.Module | None = None
 
 
 def resolve(cfg: Config) -> Config:
@@ -83,7 +85,15 @@ def resolve(cfg: Config) -> Config:
     data is loaded, so a sweep can decide up front whether a job is already done."""
     cfg = components.resolve(cfg)
     policy = build_policy(cfg.precision, select_device(cfg.trainer.device))
-    return replace(cfg, precision=policy.resolved_config(cfg.precision))
+    return _resolved(cfg, policy)
+
+
+def _resolved(cfg: Config, policy: PrecisionPolicy) -> Config:
+    """The precision section as it runs: the mode's fields, and FSDP's dtypes under FSDP."""
+    precision = policy.resolved_config(cfg.precision)
+    if sharded.wanted(cfg):
+        precision = sharded.resolved_precision(precision, policy.mode)
+    return replace(cfg, precision=precision)
 
 
 def build(cfg: Config) -> Setup:
@@ -92,7 +102,10 @@ def build(cfg: Config) -> Setup:
     device = select_device(t.device)
     cfg = components.resolve(cfg)
     policy = build_policy(cfg.precision, device)
-    cfg = replace(cfg, precision=policy.resolved_config(cfg.precision))
+    cfg = _resolved(cfg, policy)
+    fsdp = sharded.wanted(cfg) and rank.enabled  # one process runs the model unsharded
+    if fsdp:
+        sharded.check(cfg, policy, device)
     seed_everything(t.seed, t.deterministic)
     policy.set_global_state()
     reset_peak_memory(device)
@@ -119,6 +132,8 @@ def build(cfg: Config) -> Setup:
     train_batches = Batches(
         train_split, t.batch_size, shuffle=True, drop_last=True, augment=augment, **common
     )
+    if fsdp:  # every rank scores the whole split: FSDP's forward needs every rank in step
+        common.update(rank=0, world_size=1)
     val_batches = Batches(val_split, t.batch_size, shuffle=False, drop_last=False, **common)
     steps_per_epoch = len(train_batches) // t.grad_accum_steps
     if steps_per_epoch == 0:
@@ -140,7 +155,12 @@ def build(cfg: Config) -> Setup:
     policy.keep_modules_fp32(model)  # precision.keep_fp32: out of autocast (and of fp8)
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
+    skeleton = None
+    if fsdp:  # each rank keeps a shard of every block; FSDP averages the gradients
+        skeleton = sharded.template(model)
+        model = sharded.shard(model, cfg)
+    else:
+        model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
     optimizer = optim.build_optimizer(cfg.optimizer, model, device)
     schedule = optim.build_schedule(cfg.optimizer, optimizer, total)
     if t.compile:
@@ -160,7 +180,7 @@ def build(cfg: Config) -> Setup:
         model=model,
         optimizer=optimizer,
         schedule=schedule,
-        scaler=policy.make_scaler(),
+        scaler=policy.make_scaler(),  # GradScaler: DTensor reduces FSDP's inf checks over ranks
         train_batches=train_batches,
         val_batches=val_batches,
         steps_per_epoch=steps_per_epoch,
@@ -181,6 +201,7 @@ def build(cfg: Config) -> Setup:
         data_inputs=data_inputs,
         locator=locator,
         callbacks=callbacks,
+        skeleton=skeleton,
     )
 
 

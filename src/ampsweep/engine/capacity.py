@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from ampsweep.engine import sharded
 from ampsweep.engine.build import Setup
 from ampsweep.measure import capacity, memory
 
@@ -95,13 +96,24 @@ def largest_batch(
             gc.unfreeze()
 
 
+def per_rank(cfg) -> bool:
+    """An FSDP configuration over several ranks: predicted per rank, never searched (one
+    process cannot hold what a rank of the sharded group holds)."""
+    return sharded.wanted(cfg) and cfg.trainer.nproc > 1
+
+
 def prediction(setup: Setup, budget: float | None) -> dict[str, float]:
     """What the run's own measurements predict (``measure.memory.capacity_metrics``), for
     ``budget`` bytes when given, else for the GPU's memory. Measured after one step, so that the
     optimizer's state is counted."""
     probe_step(setup, 1)
     x, y = batch_of(setup, setup.cfg.trainer.batch_size)
-    out = memory.capacity_metrics(setup.model, setup.optimizer, x, y, setup.policy)
+    held = None  # FSDP over trainer.nproc ranks: what one rank would hold
+    if per_rank(setup.cfg):
+        held = sharded.predicted_held(setup.model, setup.optimizer, setup.cfg)
+    out = memory.capacity_metrics(
+        setup.model, setup.optimizer, x, y, setup.policy, setup.objective, held=held
+    )
     free_memory(setup)
     if budget:
         out[capacity.BUDGET_GIB] = budget / capacity.GIB

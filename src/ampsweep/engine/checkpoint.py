@@ -32,7 +32,7 @@ import torch
 
 from ampsweep.config.compose import flatten
 from ampsweep.config.schema import Config, ConfigError
-from ampsweep.engine import distributed
+from ampsweep.engine import distributed, sharded
 from ampsweep.engine.loop import TrainState
 
 FORMAT = 1
@@ -149,10 +149,14 @@ class Checkpointer:
         run_id: str | None,
         before_save=None,
         mask: Callable[[str], str] = unmasked,
+        weights: Callable[[object, Path], dict] | None = None,
     ):
         self.folder, self.cfg, self.run_id = folder, cfg, run_id
         self.every, self.keep = cfg.trainer.checkpoint_every, cfg.trainer.keep_checkpoints
         self.before_save, self.mask = before_save, mask
+        # The model's and optimizer's entries of the file (``whole_weights``; a sharded run's
+        # name its DCP folder instead: engine.sharded)
+        self.weights = weights or whole_weights
         self.last: Path | None = None
 
     def due(self, step: int) -> bool:
@@ -162,6 +166,8 @@ class Checkpointer:
         if self.before_save:
             self.before_save()
         self.folder.mkdir(parents=True, exist_ok=True)
+        # The end of training is marked in the name too, so ``auto`` can tell without loading.
+        target = self.folder / f"step-{state.step:08d}{END_SUFFIX if complete else '.pt'}"
         payload = {
             "format": FORMAT,
             "complete": complete,  # the end of training (nothing left to resume)
@@ -169,16 +175,12 @@ class Checkpointer:
             "config_hash": config_hash(self.cfg),
             "config": {k: self.mask(v) for k, v in comparable(self.cfg).items()},
             "state": asdict(state),
-            # the plain module's weights: loadable with or without DDP / torch.compile
-            "model": distributed.unwrap(setup.model).state_dict(),
-            "optimizer": setup.optimizer.state_dict(),
+            **self.weights(setup, target),
             "schedule": setup.schedule.state_dict(),
             "scaler": setup.scaler.state_dict(),  # scale + growth tracker ({} when disabled)
             "rng": rng_state(),
             "saved_at": datetime.now().isoformat(timespec="seconds"),
         }
-        # The end of training is marked in the name too, so ``auto`` can tell without loading.
-        target = self.folder / f"step-{state.step:08d}{END_SUFFIX if complete else '.pt'}"
         tmp = self.folder / f".{target.name}.{os.getpid()}.tmp"
         torch.save(payload, tmp)
         os.replace(tmp, target)  # atomic: readers see the old file set or the new one
@@ -189,6 +191,15 @@ class Checkpointer:
     def _prune(self) -> None:
         for old in checkpoints_in(self.folder)[: -self.keep]:
             old.unlink(missing_ok=True)
+
+
+def whole_weights(setup, target: Path) -> dict:
+    """The plain module's weights (loadable with or without DDP / torch.compile) and the
+    optimizer's state, in the checkpoint file itself."""
+    return {
+        "model": distributed.unwrap(setup.model).state_dict(),
+        "optimizer": setup.optimizer.state_dict(),
+    }
 
 
 def checkpoints_in(folder: Path) -> list[Path]:
@@ -213,6 +224,7 @@ def load(path: Path) -> dict:
             f"trainer.resume: {path} is not an ampsweep checkpoint of format {FORMAT}: "
             "point trainer.resume at a step-N.pt file written by ampsweep"
         )
+    ckpt["loaded_from"] = str(path)  # a sharded checkpoint's DCP folder lies beside it
     return ckpt
 
 
@@ -282,6 +294,10 @@ def check(
 ) -> None:
     """Refuse a checkpoint whose config differs from this one in anything that matters
     (``mask``: the one the checkpoint was written with, to compare its stored config)."""
+    refusal = sharded.mismatch(ckpt, cfg, choice, path)  # DDP's weights against FSDP's shards
+    if refusal:
+        raise ConfigError(refusal)
+    cfg = sharded.as_saved(ckpt, cfg)  # a sharded checkpoint resumes on any number of ranks
     if ckpt["config_hash"] != config_hash(cfg):
         diff = differences(ckpt["config"], cfg, mask)
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
@@ -307,8 +323,11 @@ def restore(setup, ckpt: dict) -> TrainState:
 
     Called after ``build`` (which seeds every generator), so the RNG states loaded here are
     the ones the loop continues from."""
-    distributed.unwrap(setup.model).load_state_dict(ckpt["model"])
-    setup.optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt.get("sharded"):  # every rank reads its shards (a collective)
+        sharded.load(sharded.shards_of(ckpt), setup.model, setup.optimizer)
+    else:
+        distributed.unwrap(setup.model).load_state_dict(ckpt["model"])
+        setup.optimizer.load_state_dict(ckpt["optimizer"])
     setup.schedule.load_state_dict(ckpt["schedule"])
     if ckpt["scaler"]:
         setup.scaler.load_state_dict(ckpt["scaler"])

@@ -11,6 +11,7 @@ the other ranks train, take part in the collectives, and record nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -111,6 +112,23 @@ def wrap(model, device):
         return model
     ids = [device.index] if device.type == "cuda" else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def gradient_sync(model, sync: bool):
+    """A context for one micro-batch's forward and backward: ``sync=False`` keeps DDP from
+    all-reducing its gradients (``no_sync``: they accumulate locally until a micro-batch with
+    ``sync=True``). Nothing changes for a model without DDP (one process, or FSDP, whose
+    reduce-scatter on every micro-batch is what keeps the gradients sharded)."""
+    ddp = getattr(model, "_orig_mod", model)  # DDP under torch.compile's wrapper
+    if sync or not isinstance(ddp, _ddp_class()):
+        return contextlib.nullcontext()
+    return ddp.no_sync()  # DDP decides in forward whether backward syncs: wrap both
+
+
+def _ddp_class():
+    import torch
+
+    return torch.nn.parallel.DistributedDataParallel
 
 
 def unwrap(model):

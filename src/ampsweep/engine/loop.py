@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ampsweep.engine import distributed
+from ampsweep.engine import distributed, sharded
 from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.tasks import Objective, default_objective
@@ -206,16 +206,19 @@ def fit(
             if state.batch % accum == 0:
                 timer.start()
                 step_batches, step_losses = [], []
-            # Autocast covers the forward pass and the loss only; backward runs outside it.
-            # The loss is computed in fp32 on fp32 logits (the objective upcasts them).
-            with (
-                policy.autocast(),
-                totals.meter.record(enabled=state.step == 0 and state.batch == 0),
-            ):
-                logits = model(x)
-                loss = objective(logits, y)
-            # Scale the loss so small fp16 gradients do not underflow (a no-op when disabled).
-            scaler.scale(loss * loss_weight).backward()
+            # Under DDP, gradients are all-reduced on the step's last micro-batch only (the
+            # others accumulate locally): one synchronisation per optimizer step.
+            with distributed.gradient_sync(model, sync=(state.batch + 1) % accum == 0):
+                # Autocast covers the forward pass and the loss only; backward runs outside
+                # it. The loss is computed in fp32 on fp32 logits (the objective upcasts them).
+                with (
+                    policy.autocast(),
+                    totals.meter.record(enabled=state.step == 0 and state.batch == 0),
+                ):
+                    logits = model(x)
+                    loss = objective(logits, y)
+                # Scale the loss so small fp16 gradients do not underflow (a no-op when off).
+                scaler.scale(loss * loss_weight).backward()
             totals.add_loss(loss)
             step_batches.append((x, y))
             step_losses.append(loss)
@@ -321,8 +324,32 @@ def evaluate(
             batch = task.eval_sums(objective.loss_fn, logits, y)
         sums = batch if sums is None else sums + batch
     model.train(was_training)
-    distributed.all_reduce(sums)  # the whole split: every rank's shard together
+    if batches.world_size > 1:  # the whole split: every rank's shard together
+        distributed.all_reduce(sums)
     return task.finish(sums.tolist())  # one sync per evaluation
+
+
+def _measured(s: Setup, median_ms: float | None) -> dict[str, float]:
+    """FLOPs of one step (per rank: perf/tflops and perf/mfu are per GPU), what one sample
+    and the model cost in memory and the largest batch that would fit; counted once after
+    training (untimed; after the memory peaks). Under FSDP they are counted on the whole
+    model gathered to rank 0, with the memory a rank holds of it (its shards)."""
+    t = s.cfg.trainer
+    module, held = distributed.unwrap(s.model), None
+    if sharded.is_sharded(s.model):
+        held = sharded.held_memory(s.model, s.optimizer, s.cfg)
+        module = sharded.full_module(s.model, s.skeleton, distributed.current().is_main)
+        if module is None:  # ranks other than 0 record nothing
+            return {}
+        module = module.to(s.device)
+    x, y = next(iter(s.train_batches.epoch(0)))
+    out = {}
+    if median_ms:
+        step_flops = flops.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
+        out.update(flops.speed_metrics(step_flops, median_ms, s.device, s.policy))
+    optimizer = s.optimizer
+    out.update(memory.capacity_metrics(module, optimizer, x, y, s.policy, s.objective, held))
+    return out
 
 
 def summarise(
@@ -348,17 +375,7 @@ def summarise(
     if s.scaler.is_enabled():
         summary["amp/loss_scale"] = s.scaler.get_scale()
     summary.update(peak_memory(s.device))
-    # FLOPs of one step, counted once after training (untimed; after the memory peaks).
-    # Per rank under DDP: perf/tflops and perf/mfu are per GPU.
-    if median_ms:
-        module = distributed.unwrap(s.model)
-        step_flops = flops.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
-        summary.update(flops.speed_metrics(step_flops, median_ms, s.device, s.policy))
-    # What one sample and the model cost in memory, and the largest batch that would fit
-    # (untimed, like the FLOPs); the layers an fp8 mode converted.
-    x, y = next(iter(s.train_batches.epoch(0)))
-    module = distributed.unwrap(s.model)
-    summary.update(memory.capacity_metrics(module, s.optimizer, x, y, s.policy, s.objective))
+    summary.update(_measured(s, median_ms))
     summary.update(s.fp8.metrics())
     if distributed.current().enabled:
         # One run for the whole group: throughput adds up, memory is the worst rank's.

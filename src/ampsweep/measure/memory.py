@@ -92,6 +92,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _add(out: dict[str, float], part: str, t: torch.Tensor, nbytes: int | None = None) -> None:
+    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor (FSDP): this rank's shard
     key = f"{part}_{dtype_name(t.dtype)}"
     out[key] = out.get(key, 0) + (t.numel() * t.element_size() if nbytes is None else nbytes)
 
@@ -100,7 +101,7 @@ def model_memory(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> d
     """Bytes that do not depend on the batch, as ``<part>_<dtype>``: ``params`` (under autocast
     these fp32 parameters are the master weights; pure modes keep no fp32 copy), ``grads``
     (one per trainable parameter, in its dtype) and ``optimizer`` state (read from the
-    optimizer, so after its first step)."""
+    optimizer, so after its first step). Of sharded tensors (FSDP), this rank's shards."""
     out: dict[str, float] = {}
     for p in module.parameters():
         _add(out, "params", p)
@@ -138,9 +139,13 @@ def capacity_metrics(
     y: torch.Tensor,
     policy,
     loss=None,
+    held: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """What one sample costs and what the model costs, in memory, and on a CUDA GPU the largest
     batch its memory would hold (``measure.capacity``). ``loss``: the run's objective.
+    ``held``: the model's memory as one rank holds it, where that is not ``module``'s
+    (FSDP: its shards and the gathered parameters; ``module`` is the whole model), so the
+    prediction is per rank.
 
     The saved-tensor count is taken at two batch sizes (``x`` and half of it): the slope is
     the activation bytes per sample, the intercept what autograd saves whatever the batch
@@ -152,7 +157,7 @@ def capacity_metrics(
     ys = y[:other].clone() if other < batch else torch.cat([y, y])
     big, small = saved_bytes(module, x, y, policy, loss), saved_bytes(module, xs, ys, policy, loss)
     _, slope = capacity.per_sample({batch: big.bytes, other: small.bytes})
-    parts = model_memory(module, optimizer)
+    parts = dict(held) if held is not None else model_memory(module, optimizer)
     for dtype in sorted(set(big.by_dtype) | set(small.by_dtype)):
         copies, _ = capacity.per_sample(
             {batch: big.by_dtype.get(dtype, 0), other: small.by_dtype.get(dtype, 0)}

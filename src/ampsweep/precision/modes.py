@@ -37,6 +37,13 @@ class PrecisionMode:
     min_capability: tuple[int, int] | None = None  # the CUDA compute capability it needs
     extra: str = ""  # the ampsweep extra that installs what it needs: pip install 'ampsweep[extra]'
     package: str = ""  # the module that extra provides (checked before a run)
+    # Under FSDP (trainer.strategy=fsdp), its mixed-precision policy by default: the dtype the
+    # sharded parameters are gathered in for forward and backward, and the dtype gradients
+    # are reduce-scattered in. Half-precision gathers halve the traffic and the unsharded
+    # weights; an fp32 reduction keeps the sum over many ranks' gradients exact. Overridden
+    # by precision.fsdp.param_dtype / precision.fsdp.reduce_dtype.
+    fsdp_param_dtype: str = "fp32"
+    fsdp_reduce_dtype: str = "fp32"
 
     @property
     def half(self) -> bool:
@@ -70,20 +77,29 @@ MODES: dict[str, PrecisionMode] = {
             "tf32", "fp32", autocast=False, tf32=True, color="#64b5cd",
             devices=("cuda",), fallback="fp32",
         ),
-        PrecisionMode("fp16", "fp16", autocast=True, scaler=True, color="#dd8452"),
+        PrecisionMode(
+            "fp16", "fp16", autocast=True, scaler=True, color="#dd8452",
+            fsdp_param_dtype="fp16",
+        ),
         PrecisionMode(
             "fp16_static", "fp16", autocast=True, scaler=True, dynamic_scale=False,
-            color="#c44e52",
+            color="#c44e52", fsdp_param_dtype="fp16",
         ),
-        PrecisionMode("fp16_noscale", "fp16", autocast=True, color="#8c564b"),
-        PrecisionMode("bf16", "bf16", autocast=True, color="#55a868"),
+        PrecisionMode(
+            "fp16_noscale", "fp16", autocast=True, color="#8c564b", fsdp_param_dtype="fp16"
+        ),
+        PrecisionMode("bf16", "bf16", autocast=True, color="#55a868", fsdp_param_dtype="bf16"),
         # Pure fp16 on a CPU: many CPU kernels (convolution backward, fused optimizers) lack
-        # Half support.
+        # Half support. Pure modes have no fp32 copy to gather or reduce in.
         PrecisionMode(
             "fp16_pure", "fp16", autocast=False, pure=True, color="#da8bc3",
-            devices=("cuda",), fallback="bf16_pure or fp16",
+            devices=("cuda",), fallback="bf16_pure or fp16", fsdp_param_dtype="fp16",
+            fsdp_reduce_dtype="fp16",
         ),
-        PrecisionMode("bf16_pure", "bf16", autocast=False, pure=True, color="#8172b3"),
+        PrecisionMode(
+            "bf16_pure", "bf16", autocast=False, pure=True, color="#8172b3",
+            fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16",
+        ),
         # fp8 (torchao float8 training): bf16 autocast for everything else, and no GradScaler:
         # torchao scales each fp8 cast itself (per tensor, or per row), and bf16 has fp32's
         # exponent range. fp8 tensor cores arrived with Ada and Hopper (compute capability 8.9);
@@ -91,10 +107,12 @@ MODES: dict[str, PrecisionMode] = {
         PrecisionMode(
             "fp8_tensorwise", "bf16", autocast=True, fp8="tensorwise", color="#ccb974",
             min_capability=(8, 9), fallback="bf16", extra="fp8", package="torchao",
+            fsdp_param_dtype="bf16",
         ),
         PrecisionMode(
             "fp8_rowwise", "bf16", autocast=True, fp8="rowwise", color="#937860",
             min_capability=(8, 9), fallback="bf16", extra="fp8", package="torchao",
+            fsdp_param_dtype="bf16",
         ),
     )
 }  # fmt: skip
@@ -180,12 +198,22 @@ class Fp8Config:
 
 
 @dataclass
+class FsdpPrecisionConfig:
+    """FSDP's mixed-precision policy (``trainer.strategy=fsdp`` only). ``None``: the mode's
+    default from the table (``fsdp_param_dtype``, ``fsdp_reduce_dtype``)."""
+
+    param_dtype: Dtype | None = None  # the dtype parameters are all-gathered in
+    reduce_dtype: Dtype | None = None  # the dtype gradients are reduce-scattered in
+
+
+@dataclass
 class PrecisionConfig:
     """The precision mode; the derived fields are filled in when the mode is resolved."""
 
     name: str = AUTO  # a mode of the table above, or auto
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
+    fsdp: FsdpPrecisionConfig = field(default_factory=FsdpPrecisionConfig)
     # Modules (glob patterns on the names of ``model.named_modules()``, e.g. ``layer4.0.conv1``
     # or ``blocks.*.attn``) that run outside autocast, their inputs cast to fp32: the fix for
     # a module that overflows, or whose half-precision kernel fails, in an autocast mode.

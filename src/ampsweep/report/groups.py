@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from ampsweep.report import numerics, stats
 from ampsweep.report.model import Row, RunData, is_number
-from ampsweep.report.rows import SEED, config_key, varying
+from ampsweep.report.rows import SEED, config_key, shown_precision, varying
 from ampsweep.tracking.store import FINISHED
 
 MEANS = (
@@ -39,7 +39,8 @@ def summarise(rows: list[Row], runs: list[RunData]) -> list[Row]:
         if row.status != FINISHED:
             order.append(row.run_id)
             continue
-        key = (row.precision, config_key(params.get(row.run_id, {}), ignore=(SEED,)))
+        run_params = params.get(row.run_id, {})
+        key = (row.precision, shown_precision(run_params), config_key(run_params, ignore=(SEED,)))
         if key not in groups:
             groups[key] = []
             order.append(key)

@@ -34,7 +34,16 @@ LABELS = ("tracking.run_name",)
 # Precision settings that tell two runs of one mode apart in the report's config column (a
 # run of bf16 and the doctor's bf16 with precision.keep_fp32=[fc2]); other precision keys
 # follow from the mode and are said by its name.
-SHOWN_PRECISION = ("precision.keep_fp32",)
+# FSDP's mixed-precision policy is a precision axis of its own (a sweep over
+# precision.fsdp.reduce_dtype=fp32,bf16 compares its values as it compares modes).
+SHOWN_PRECISION = (
+    "precision.keep_fp32", "precision.fsdp.param_dtype", "precision.fsdp.reduce_dtype",
+)  # fmt: skip
+
+
+def shown_precision(params: dict[str, str]) -> tuple:
+    """The precision settings beyond the mode that tell a run's row apart (SHOWN_PRECISION)."""
+    return tuple((k, params[k]) for k in SHOWN_PRECISION if k in params)
 
 
 def config_key(params: dict[str, str], ignore: tuple[str, ...] = ()) -> tuple:
