@@ -25,10 +25,10 @@ from functools import partial
 from pathlib import Path
 
 from ampsweep.app import console, slurm
-from ampsweep.config.compose import flatten, to_config, to_yaml
+from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
-from ampsweep.measure import names
+from ampsweep.measure import contention, names
 from ampsweep.tracking import store
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder, RunCloser
 from ampsweep.tracking.secrets import mask_text
@@ -48,6 +48,9 @@ class JobOutcome:
     job_num: int | None = None
     overrides: list[str] = field(default_factory=list)
     skipped: bool = False  # a sweep relaunch found this config FINISHED already (run_id: that run)
+    # What training logged, as (step, value) per metric, and the config as it ran (plain data)
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -237,6 +240,7 @@ class Job:
         requeue = slurm.requeue_signal() if rank.is_main else None
         self.stop = StopRequest(requeue)
         self.setup = None  # once built: what the run's end records of its numerics
+        self.history: dict[str, list[tuple[int, float]]] = {}  # what training logged
 
     # ---------------------------------------------------------------- the phases
 
@@ -387,11 +391,23 @@ class Job:
             console.console.print(f"checkpoints: {folder}")
         progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
         hooks = callbacks.instantiate(cfg.trainer.callbacks)  # the user's, checked by plan
+        # how much of the machine the timed steps had (other processes competing for it)
+        self.share = contention.MachineShare(
+            cfg.trainer.timing_warmup_steps, setup.total_steps, cfg.trainer.log_every
+        )
+        hooks = [*hooks, self.share]
         with self.stop.deferred():  # a signal during training stops at a step boundary
-            return fit(setup, recorder.log_metrics, progress, state, checkpoints, self.stop, hooks)
+            return fit(setup, self._log, progress, state, checkpoints, self.stop, hooks)
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        """Record metrics, and keep them for the job's outcome (the Python API returns them)."""
+        for key, value in metrics.items():
+            self.history.setdefault(key, []).append((step, float(value)))
+        self.recorder.log_metrics(metrics, step)
 
     def close(self, setup, summary: dict) -> JobOutcome:
         final_step = int(summary["train/steps"])
+        summary.update(self.share.metrics())
         recorder = self.recorder
         recorder.log_metrics(
             {k: v for k, v in summary.items() if not k.startswith(("val/", "train/"))},
@@ -412,7 +428,8 @@ class Job:
                 from ampsweep.engine.export import snapshot
 
                 model = snapshot(setup.model, setup.val_batches)  # fp32, on the CPU, at once
-        outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
+        outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary,
+                             history=self.history, config=as_dict(setup.cfg))  # fmt: skip
         where = None
         if recorder.run_id is not None:
             where = f"MLflow run {recorder.run_id} in {store.describe(recorder.uri)}"
