@@ -5,9 +5,9 @@ command composes (config/compose.expand_sweep) and in the order ampsweep's sweep
 from __future__ import annotations
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra_plugins.ampsweep_launcher.sweeper import AmpsweepSweeper
 
 from ampsweep.config.compose import expand_sweep
+from hydra_plugins.ampsweep_launcher.sweeper import AmpsweepSweeper
 
 SEEDS_MAJOR = [("fp32", "0"), ("bf16", "0"), ("fp32", "1"), ("bf16", "1")]
 
