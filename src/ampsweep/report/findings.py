@@ -277,9 +277,9 @@ def _target_findings(group: list[Row], base: str, where: str, target: str) -> li
         vs = ""
         if base_row is not None and r is not base_row and base_row.target_s > 0:
             vs = f", {times(r.target_s / base_row.target_s)} {base}'s time"
-        mean = "in the mean " if r.n > 1 else ""
+        mean = " in the mean" if r.n > 1 else ""
         parts.append(
-            f"{r.precision} {mean}in {r.target_s:.1f} s (step {r.target_steps:,.0f}{of}{vs})"
+            f"{r.precision} in {r.target_s:.1f} s{mean} (step {r.target_steps:,.0f}{of}{vs})"
         )
     missed = [r for r in rows if not is_number(r.target_s)]
     for r in missed:
