@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from ampsweep.app import console, slurm
+from ampsweep.app import console, estimate, slurm
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
@@ -61,6 +61,7 @@ class CommandContext:
     sweep: SweepInfo | None = None  # the sweep this command launched (None: single run)
     outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
     closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
+    plan: list[str] = field(default_factory=list)  # a sweep's modes by job number (estimates)
 
 
 @dataclass
@@ -395,9 +396,21 @@ class Job:
         self.share = contention.MachineShare(
             cfg.trainer.timing_warmup_steps, setup.total_steps, cfg.trainer.log_every
         )
-        hooks = [*hooks, self.share]
+        hooks = [*hooks, self.share, self._estimate(setup)]
         with self.stop.deferred():  # a signal during training stops at a step boundary
             return fit(setup, self._log, progress, state, checkpoints, self.stop, hooks)
+
+    def _estimate(self, setup) -> estimate.DurationEstimate:
+        """Says once, after the first timed steps, how long this job and the sweep will take."""
+        cfg, num, plan = setup.cfg, self.ctx.job_num, self.command.plan
+        later = plan[num + 1 :] if num is not None and num < len(plan) else []
+        done = [o for o in self.command.outcomes if o.config and "perf/wall_s" in o.summary]
+        known = {o.config["precision"]["name"]: o.summary["perf/wall_s"] for o in done}
+        say = console.console.print if self.rank.is_main else (lambda text: None)
+        return estimate.DurationEstimate(
+            self.name, cfg.precision.name, setup.total_steps, cfg.trainer.timing_warmup_steps,
+            later, known, estimate.cpu_flags(), setup.device.type == "cpu", say,
+        )  # fmt: skip
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         """Record metrics, and keep them for the job's outcome (the Python API returns them)."""

@@ -482,8 +482,8 @@ def validate_command(
         return [to_config(_strip_hydra(cfg))]
     jobs = expand_sweep(plain)
     extra = sweep_params_of(conf, config_name, jobs[0], search)
-    if extra:
-        jobs = [j + e for j in jobs for e in expand_sweep(extra)]
+    if extra:  # in Hydra's order: the experiment's sweep params before the command's
+        jobs = expand_sweep([*extra, *plain])
     return [load(job, conf, config_name, search) for job in jobs]
 
 
