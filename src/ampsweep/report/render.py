@@ -251,7 +251,7 @@ def to_note(report: Report, charts: list[str], limit: int) -> str:
         shown += 1
     left = len(report.findings) - shown
     more = f"{left} more finding(s) and every run: the artifact report.md." if left else tail
-    return f"{text}\n\n{more}\n"
+    return f"{text}\n\n{more}\n"[:limit]  # (a table too long for it is cut short)
 
 
 def to_csv(report: Report) -> str:
