@@ -18,10 +18,9 @@ def configs(*modes, device="cpu"):
 
 def test_fp16_is_announced_slow_only_on_a_cpu_without_native_fp16():
     sweep = configs("fp32", "fp16", "fp16_noscale", "bf16", "fp16")
-    (fp16, noscale) = slow_mode_notes(sweep, False, NO_FP16)
-    assert fp16.startswith("fp16 (2 job(s)) runs fp16 autocast on a CPU without native fp16")
-    assert "(no avx512_fp16/amx_fp16): expect it 5-60x slower than fp32" in fp16
-    assert noscale.startswith("fp16_noscale (1 job(s))")
+    (fp16,) = slow_mode_notes(sweep, False, NO_FP16)
+    assert fp16.startswith("fp16, fp16_noscale (3 job(s)) run fp16 autocast on a CPU without ")
+    assert "(no avx512_fp16/amx_fp16): expect them 3-60x slower than fp32" in fp16
     assert slow_mode_notes(sweep, False, FP16) == []  # native fp16 arithmetic
     assert slow_mode_notes(sweep, False, None) == []  # flags unknown: no guess
     assert slow_mode_notes(configs("fp16", device="auto"), True, NO_FP16) == []  # on the GPU
@@ -32,7 +31,7 @@ def test_a_job_estimates_itself_and_the_rest_of_the_sweep_once():
     said, now = [], [0.0]
     est = DurationEstimate(
         "fp32-cnn-digits", "fp32", total_steps=105, warmup=2,
-        later=["fp16", "fp32", "bf16"], known={"bf16": 30.0}, flags=NO_FP16,
+        later=["fp16", "fp32", "bf16", "fp16_static"], known={"bf16": 30.0}, flags=NO_FP16,
         say=said.append, clock=lambda: now[0],
     )  # fmt: skip
     for step in range(1, 9):
@@ -41,10 +40,18 @@ def test_a_job_estimates_itself_and_the_rest_of_the_sweep_once():
     (line,) = said  # after 5 timed steps, once
     assert line.startswith("fp32-cnn-digits: about 20 s of training left (98 of 105 steps at")
     assert "200 ms/step" in line
-    # 98 steps left + fp16 at 21 s x sqrt(5 x 60) + fp32 21 s + bf16's own 30 s
+    # 98 steps left + fp16 at 21 s x sqrt(3 x 60) + fp32 21 s + bf16's own 30 s, and
+    # fp16_static as fp16
     whole = 105 * 0.2
-    left = 98 * 0.2 + whole * (5 * 60) ** 0.5 + whole + 30.0
-    assert line.endswith(f"the sweep: about {estimate.duration(left)} left (3 more job(s))")
+    left = 98 * 0.2 + 2 * whole * (3 * 60) ** 0.5 + whole + 30.0
+    assert line.endswith(f"the sweep: about {estimate.duration(left)} left (4 more job(s))")
+
+
+def test_a_mode_not_run_yet_takes_the_time_of_its_format_that_ran():
+    said = []
+    est = DurationEstimate("bf16-x", "bf16", 10, 0, later=["fp16_static"], known={"fp16": 50.0},
+                           flags=NO_FP16, say=said.append)  # fmt: skip
+    assert est.estimate(0.1, 5).endswith("the sweep: about 50 s left (1 more job(s))")
 
 
 def test_durations_read_as_people_say_them():

@@ -4,9 +4,10 @@ timed its first steps.
 Before the sweep: a mode that the mode table knows to be slow on this CPU (fp16 autocast on a
 CPU without native fp16 arithmetic: ``precision.modes.cpu_slowdown``) is named with its
 expected slowdown. During each job: after its first timed steps it prints its own training
-time left and the sweep's: the jobs still to come at the time their mode took in this sweep
-already, or, for a mode not run yet, at this job's time scaled by the slowdown the mode table
-expects of it here. Estimates of training only: building, evaluation and logging add a little.
+time left and the sweep's: the jobs still to come at the time their mode (or a mode of the
+same 16-bit format) took in this sweep already, else at this job's time scaled by the
+slowdown the mode table expects of it here. Estimates of training only: building, evaluation
+and logging add a little.
 """
 
 from __future__ import annotations
@@ -48,23 +49,26 @@ def slowdown(mode: str, flags: set[str] | None) -> float:
 
 
 def slow_mode_notes(configs: Sequence[Config], has_cuda: bool, flags: set[str] | None) -> list[str]:
-    """One line per mode of the sweep that is known to be slow on this device, with the jobs
-    it has and its expected slowdown."""
+    """One line per 16-bit format whose modes in this sweep are known to be slow on this
+    device: the modes, their jobs and the expected slowdown."""
     jobs: dict[str, int] = {}
     for cfg in configs:
         if _on_cpu(cfg, has_cuda):
             jobs[cfg.precision.name] = jobs.get(cfg.precision.name, 0) + 1
-    notes = []
-    for name, count in jobs.items():
+    slow: dict[str, list[str]] = {}  # dtype -> its slow modes
+    for name in jobs:
         m = modes.get(name)
-        rng = modes.cpu_slowdown(m, flags) if m else None
-        if rng is None:
-            continue
-        native = "/".join(modes.NATIVE_CPU_FLAGS[m.dtype][:2])
+        if m is not None and modes.cpu_slowdown(m, flags) is not None:
+            slow.setdefault(m.dtype, []).append(name)
+    notes = []
+    for dtype, names in slow.items():
+        low, high = modes.cpu_slowdown(modes.get(names[0]), flags)
+        native = "/".join(modes.NATIVE_CPU_FLAGS[dtype][:2])
+        count = sum(jobs[n] for n in names)
         notes.append(
-            f"{name} ({count} job(s)) runs {m.dtype} autocast on a CPU without native {m.dtype} "
-            f"arithmetic (no {native}): expect it {rng[0]:.0f}-{rng[1]:.0f}x slower than fp32, "
-            f"most of this sweep's time; leave it out (precision=...) or run it on a GPU"
+            f"{', '.join(names)} ({count} job(s)) run {dtype} autocast on a CPU without native "
+            f"{dtype} arithmetic (no {native}): expect them {low:.0f}-{high:.0f}x slower than "
+            "fp32 (convnets the most); leave them out (precision=...) or run them on a GPU"
         )
     return notes
 
@@ -128,9 +132,15 @@ class DurationEstimate:
         whole = self.total * step_s
         mine = slowdown(self.mode, self.flags) if self.on_cpu else 1.0
         rest = 0.0
+        # a mode not run yet: as long as one of its 16-bit format that ran (fp16_static as
+        # fp16), else this job scaled by what the mode table expects of it here
+        by_dtype = {modes.MODES[m].dtype: s for m, s in self.known.items() if m in modes.MODES}
         for mode in self.later:
+            dtype = modes.MODES[mode].dtype if mode in modes.MODES else None
             if mode in self.known:
                 rest += self.known[mode]
+            elif dtype in by_dtype:
+                rest += by_dtype[dtype]
             else:
                 factor = slowdown(mode, self.flags) if self.on_cpu else 1.0
                 rest += whole * factor / mine
