@@ -32,14 +32,16 @@ def test_time_and_steps_to_the_default_target_with_not_reached_said():
     assert (by["fp32"].target_s, by["fp32"].target_steps) == (30.0, 300)
     assert (by["bf16"].target_s, by["bf16"].target_steps) == (9.0, 200)
     assert by["fp16"].target_s is None and by["fp16"].to_target == "not reached"
-    assert by["bf16"].to_target == "9.0 s, step 200"
+    assert by["bf16"].to_target == "9.0 s"
     finding = next(f for f in rep.findings if f.startswith("Time to quality"))
     assert "val acc >= 0.975 (within 0.5 points of fp32's 0.980)" in finding
     assert "bf16 in 9.0 s (step 200, 0.30x fp32's time); fp32 in 30.0 s (step 300)" in finding
     assert "fp16 not reached in its 3 evaluation(s)" in finding
     headers, body = render.table_cells(rep, wide=False, width=render.CONSOLE_WIDTH)
     column = headers.index("to target")
-    assert [row[column] for row in body] == ["30.0 s, step 300", "9.0 s, step 200", "not reached"]
+    assert [row[column] for row in body] == ["30.0 s", "9.0 s", "not reached"]
+    headers, body = render.table_cells(rep)  # the files: the steps too
+    assert [row[headers.index("steps to target")] for row in body] == ["300", "200", "-"]
 
 
 def test_a_given_target_and_a_language_model_lower_is_better(tmp_path):
@@ -70,6 +72,6 @@ def test_over_repeats_the_mean_of_the_runs_that_reached_it():
     rep = sweeps.make_report({"run_id": "p"}, runs)
     bf16 = next(r for r in rep.summary if r.precision == "bf16")
     assert (bf16.n, bf16.target_reached, bf16.target_s) == (2, 1, 6.0)
-    assert bf16.to_target == "6.0 s, step 100 (1/2)"
+    assert bf16.to_target == "6.0 s (1/2)"
     fp32 = next(r for r in rep.summary if r.precision == "fp32")
-    assert fp32.target_s == 11.0 and fp32.to_target == "11.0 s, step 100"
+    assert fp32.target_s == 11.0 and fp32.to_target == "11.0 s"

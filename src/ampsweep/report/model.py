@@ -175,13 +175,13 @@ class Row:
 
     @property
     def to_target(self) -> str:
-        """The time-to-quality cell: ``12.3 s, step 440``, ``not reached`` (in ``n`` runs,
-        ``2 of 3 runs`` where some did), or nothing without a target."""
+        """The time-to-quality cell: ``12.3 s``, ``not reached``, ``12.3 s (2/3)`` where 2 of 3
+        runs reached it (their mean), or nothing without a target (the steps: ``target_steps``)."""
         if not is_number(self.target) or not self.target_evals:
             return ""
         if not is_number(self.target_s):
             return "not reached"
-        where = f"{self.target_s:.1f} s, step {self.target_steps:,.0f}"
+        where = f"{self.target_s:.1f} s"
         return (
             where if self.target_reached >= self.n else f"{where} ({self.target_reached}/{self.n})"
         )
