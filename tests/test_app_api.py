@@ -72,6 +72,7 @@ def test_sweep_returns_the_parent_and_the_report_rows(store, tmp_path, monkeypat
     assert result.rows[1].baseline == "fp32-cnn-digits"
     assert {r.run_id for r in result.runs} == {r.run_id for r in result.rows}
     assert [r.config["precision"]["name"] for r in result.runs] == ["fp32", "bf16"]
+    assert [r.precision for r in result.summary] == ["fp32", "bf16"]  # nothing repeated
     assert all(r.history["train/loss"] for r in result.runs)
     # the parent's MLflow description is the report's answer, with its table and charts
     note = parent.data.tags[mlflow_store.NOTE]

@@ -56,6 +56,9 @@ class SweepResult:
     # The mode to use and why, with the command (or the open question and the run that would
     # answer it): report.model.Recommendation, the report's first line
     recommendation: Recommendation | None = None
+    # One row per configuration and mode, repeats summarised (means, 95% intervals in ``ci``);
+    # the same as ``rows`` when nothing was repeated
+    summary: list = field(default_factory=list)
 
 
 def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> TrainResult:
@@ -100,8 +103,9 @@ def sweep(
     report = build_report(store.client_for(info.uri), info.parent_run_id, baseline)
     runs = [_result(o) for o in command.outcomes if o.status == store.FINISHED]
     return SweepResult(
-        info.parent_run_id, report.rows, report.findings, runs, report.recommendation
-    )
+        info.parent_run_id, report.rows, report.findings, runs, report.recommendation,
+        report.summary,
+    )  # fmt: skip
 
 
 def _result(outcome: JobOutcome) -> TrainResult:
