@@ -52,7 +52,7 @@ COLUMNS = [
     Column("tokens_per_s", "tokens/s", ",.0f", when="numbers", drop=4),
     Column("speedup", "speed-up", "x"),
     Column("timing", "timing", "t", when="text"),  # contended: no speed verdict (never dropped)
-    Column("to_target", "to target", "t", when="text", drop=1),  # time to quality
+    Column("to_target", "to target", "t", when="text", drop=4),  # time to quality
     Column("target_steps", "steps to target", ",.0f", console=False, when="numbers"),
     Column("step_ms", "step ms", ".2f", console=False),
     Column("tflops", "TFLOPS", ".3g", console=False, when="numbers"),
