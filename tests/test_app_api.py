@@ -42,6 +42,11 @@ def test_train_records_as_the_command_line_does(store, tmp_path, monkeypatch):
     assert api.data.tags["overrides"] == " ".join(overrides)  # Hydra's record, as from the CLI
     history = [client.get_metric_history(r.info.run_id, "train/loss") for r in (api, cli)]
     assert [m.value for m in history[0]] == [m.value for m in history[1]]
+    # the result carries what the run logged, step by step, and the config as it ran
+    assert run.history["train/loss"] == [(m.step, m.value) for m in history[0]]
+    assert run.curve("train/loss")[0] == [2, 4, 6]  # log_every=2, max_steps=6
+    assert run.curve("val/acc")[1] == [run.summary["val/acc"]]
+    assert run.config["precision"]["name"] == "bf16" and run.config["trainer"]["max_steps"] == 6
 
 
 def test_a_refused_command_raises_its_one_line_and_records_nothing(store, tmp_path, monkeypatch):
@@ -66,6 +71,14 @@ def test_sweep_returns_the_parent_and_the_report_rows(store, tmp_path, monkeypat
     assert [r.status for r in result.rows] == ["FINISHED", "FINISHED"]
     assert result.rows[1].baseline == "fp32-cnn-digits"
     assert {r.run_id for r in result.runs} == {r.run_id for r in result.rows}
+    assert [r.config["precision"]["name"] for r in result.runs] == ["fp32", "bf16"]
+    assert [r.precision for r in result.summary] == ["fp32", "bf16"]  # nothing repeated
+    assert all(r.history["train/loss"] for r in result.runs)
+    # the parent's MLflow description is the report's answer, with its table and charts
+    note = parent.data.tags[mlflow_store.NOTE]
+    assert note.splitlines()[2] == f"**{ampsweep_opening(result)}**"
+    assert "| mode |" in note and "get-artifact?path=charts%2Fthroughput.png&run_uuid=" in note
+    assert "#### Findings" in note and "- Device:" in note
     assert any(f.startswith("Device:") for f in result.findings)
     # a few steps of training leave fp32 near chance (its data.num_classes tag says 10): the
     # recommendation is that open question, with the run that would answer it
@@ -73,6 +86,11 @@ def test_sweep_returns_the_parent_and_the_report_rows(store, tmp_path, monkeypat
     assert rec.mode is None and "baseline learns" in rec.open_question
     assert "near chance for 10 classes (0.100): the baseline has not learned" in rec.reason
     assert rec.command.startswith("ampsweep train -m ") and "trainer.epochs=<more>" in rec.command
+
+
+def ampsweep_opening(result) -> str:
+    rec = result.recommendation
+    return f"{'Use ' + rec.mode if rec.mode else 'Open question'}: {rec.reason}"
 
 
 def test_train_with_a_config_folder(store, tmp_path, monkeypatch):

@@ -23,7 +23,8 @@ def parents_and_children(uri: str):
 
 def test_three_mode_sweep_makes_one_parent_with_nested_children(three_mode_sweep):
     sweep = three_mode_sweep
-    assert "Findings" in sweep.proc.stdout and "Fastest here" in sweep.proc.stdout
+    out = sweep.proc.stdout  # a speed verdict, or why the busy machine's timings give none
+    assert "Findings" in out and ("Fastest here" in out or "Timing contended" in out)
     parents, kids = parents_and_children(sweep.uri)
     assert len(parents) == 1
     parent = parents[0]

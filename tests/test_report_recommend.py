@@ -3,6 +3,7 @@ a baseline at chance, a CPU-only sweep, and a faster mode whose numerics went wr
 
 from __future__ import annotations
 
+import pytest
 from test_report_groups import CPU, CUDA, run
 
 from ampsweep.report import render, sweeps
@@ -93,3 +94,64 @@ def test_a_faster_mode_whose_numerics_went_wrong_is_never_recommended():
     )
     rec = rep.recommendation
     assert rec.mode == "fp32" and "bf16 went wrong numerically" in rec.reason
+
+
+# What a run logs of its share of the machine (measure.contention): alone on 2 cores, and
+# beside processes that took 1.2 of them.
+IDLE = {"perf/cpu_cores_used": 1.9, "perf/cpu_cores_others": 0.05, "perf/cpu_cores": 2.0}
+BUSY = {"perf/cpu_cores_used": 0.8, "perf/cpu_cores_others": 1.2, "perf/cpu_cores": 2.0}
+
+
+def contend(rep_runs, busy):
+    """Give every run its share of the machine: BUSY for the (mode, seed) pairs in ``busy``."""
+    for r in rep_runs:
+        r.metrics.update(BUSY if (r.precision, r.params["trainer.seed"]) in busy else IDLE)
+    return sweeps.make_report({"run_id": "p", "name": "s", "command": COMMAND}, rep_runs)
+
+
+SPEEDS = {"fp32": FP32, "bf16": [3000.0, 3350.0, 2650.0], "fp16": [2000.0, 2180.0, 1830.0]}
+ACCS = {"fp32": ACC, "bf16": [0.981, 0.984, 0.985], "fp16": [0.979, 0.987, 0.982]}
+
+
+def test_contended_timings_are_left_out_of_the_speed_verdict_with_a_note():
+    every_bf16 = {("bf16", str(seed)) for seed in range(3)}
+    rep = contend(sweep_of(SPEEDS, ACCS).runs, every_bf16)
+    rec = rep.recommendation
+    # bf16 measured 3x, but only while others had the machine: fp16 is the verdict
+    assert rec.mode == "fp16" and rec.reason.startswith("fp16 is 2.0x faster than fp32")
+    assert "The timings of bf16 were contended" in rec.reason
+    bf16 = next(r for r in rep.summary if r.precision == "bf16")
+    assert bf16.contended and bf16.contended_runs == 3 and bf16.timing == "3/3 contended"
+    text = "\n".join(rep.findings)
+    assert "Timing contended" in text and "3 of 3" not in text
+    assert "bf16-cnn-digits: other processes used 1.2 of 2 cores (this run 0.8)" in text
+    speed = next(f for f in rep.findings if f.startswith("Speed"))
+    assert "fp16 is 2.0x faster" in speed and "bf16" not in speed
+
+
+def test_a_contended_baseline_leaves_speed_an_open_question():
+    every_fp32 = {("fp32", str(seed)) for seed in range(3)}
+    rep = contend(sweep_of(SPEEDS, ACCS).runs, every_fp32)
+    rec = rep.recommendation
+    assert rec.mode is None and "idle machine" in rec.open_question
+    assert "every timing that would compare their speed was contended" in rec.reason
+    assert not any(f.startswith("Speed") for f in rep.findings)
+
+
+def test_one_contended_repeat_is_left_out_of_the_speed_up_of_its_mode():
+    rep = contend(sweep_of(SPEEDS, ACCS).runs, {("bf16", "1")})
+    bf16 = next(r for r in rep.summary if r.precision == "bf16")
+    assert not bf16.contended and bf16.contended_runs == 1 and bf16.n == 3
+    assert bf16.ci["speedup"].n == 2  # seeds 0 and 2 only
+    assert bf16.speedup == pytest.approx((3000 / 1000 * 2650 / 900) ** 0.5)
+    assert rep.recommendation.mode == "bf16"
+    assert any("1 of 3 runs of bf16" in f and "from the other 2" in f for f in rep.findings)
+
+
+def test_a_machine_with_room_to_spare_is_not_contended():
+    from ampsweep.measure.contention import contended
+
+    assert contended(0.8, 1.2, 2.0)  # others took more than a quarter of a full machine
+    assert not contended(1.9, 0.05, 2.0)  # alone
+    assert not contended(4.0, 2.0, 16.0)  # others busy, but cores were left idle
+    assert not contended(None, None, None)  # not measured (an older run): no flag

@@ -52,3 +52,24 @@ def test_a_gpu_sweep_has_the_peak_memory_column_and_marks_the_baseline():
     headers, body = render.table_cells(sweeps.make_report({"run_id": "p"}, runs))
     assert "peak MiB" in headers and "grad_underflow_frac" not in headers
     assert body[0][-1] == "(the baseline)"
+
+
+def test_the_parent_runs_description_opens_with_the_answer_and_fits_mlflows_limit():
+    runs = [
+        run("fp32", acc=0.98, sps=1000.0, act=4.0),
+        run("bf16", acc=0.97, sps=2500.0, act=2.0),
+    ]
+    rep = sweeps.make_report(
+        {"run_id": "abc", "name": "sweep-x", "command": "ampsweep train"}, runs
+    )
+    charts = ["charts/throughput.png", "charts/time_to_quality.png"]
+    note = render.to_note(rep, charts, 8000)
+    lines = note.splitlines()
+    assert lines[0] == f"### {render.title(rep)}"
+    assert lines[2] == f"**{render.opening(rep)[0]}**" and rep.recommendation.command in lines[4]
+    assert "| bf16 |" in note
+    assert "![throughput](get-artifact?path=charts%2Fthroughput.png&run_uuid=abc)" in note
+    assert all(f"- {f}" in note for f in rep.findings)
+    assert note.rstrip().endswith("Every run and every finding: the artifact report.md.")
+    short = render.to_note(rep, charts, 1500)
+    assert len(short) <= 1500 and "more finding(s) and every run: the artifact report.md" in short

@@ -48,6 +48,16 @@ class TrainResult:
     run_id: str | None  # None with tracking=none
     name: str
     summary: dict[str, float]  # the final numbers: val/loss, val/acc or val/perplexity, perf/...
+    # What training logged, per metric: (optimizer step, value) in order (train/loss at each
+    # log step, val/* at each evaluation, amp/loss_scale, ...); with tracking=none too
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # The config as it ran, as plain nested data (``config["precision"]["name"]``)
+    config: dict = field(default_factory=dict)
+
+    def curve(self, metric: str) -> tuple[list[int], list[float]]:
+        """The steps and values of one metric, ready to plot: ``plt.plot(*r.curve("val/acc"))``."""
+        points = self.history.get(metric, [])
+        return [s for s, _ in points], [v for _, v in points]
 
 
 @dataclass
@@ -71,6 +81,9 @@ class SweepResult:
     # The mode to use and why, with the command (or the open question and the run that would
     # answer it): report.model.Recommendation, the report's first line
     recommendation: Recommendation | None = None
+    # One row per configuration and mode, repeats summarised (means, 95% intervals in ``ci``);
+    # the same as ``rows`` when nothing was repeated
+    summary: list = field(default_factory=list)
 
 
 def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> TrainResult:
@@ -100,7 +113,7 @@ def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -
         if outcome.exit_code == 2 and outcome.run_id is None:
             raise ConfigError(outcome.error or _last_error(printed, code))
         raise TrainError(outcome)
-    return TrainResult(outcome.run_id, outcome.name, outcome.summary)
+    return _result(outcome)
 
 
 def sweep(
@@ -136,13 +149,16 @@ def sweep(
         )
     info = command.sweep
     report = build_report(store.client_for(info.uri), info.parent_run_id, baseline)
-    runs = [
-        TrainResult(o.run_id, o.name, o.summary)
-        for o in command.outcomes
-        if o.status == store.FINISHED
-    ]
+    runs = [_result(o) for o in command.outcomes if o.status == store.FINISHED]
     return SweepResult(
-        info.parent_run_id, report.rows, report.findings, runs, report.recommendation
+        info.parent_run_id, report.rows, report.findings, runs, report.recommendation,
+        report.summary,
+    )  # fmt: skip
+
+
+def _result(outcome: JobOutcome) -> TrainResult:
+    return TrainResult(
+        outcome.run_id, outcome.name, outcome.summary, outcome.history, outcome.config
     )
 
 

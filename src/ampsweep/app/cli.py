@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the largest batch each mode fits in this memory, e.g. 80GiB (default on CUDA: "
         "the GPU's memory; on a CPU: no max batch column)",
     )
+    rep.add_argument(
+        "--target",
+        type=float,
+        help="the quality whose time to reach the report measures, in the runs' own metric "
+        "(validation accuracy, or perplexity for a language model), e.g. 0.95; default: within "
+        "0.5 points of the baseline's final accuracy, or 2%% of its final perplexity",
+    )
     rep.add_argument("--tracking-uri", help=store_help)
     rep.set_defaults(func=cmd_report)
     ui = sub.add_parser("ui", help="open the MLflow UI over ampsweep's store")
@@ -117,7 +124,7 @@ def cmd_report(args) -> int:
         console.note(
             f"skipped the newer sweep {empty.info.run_name} ({empty.info.run_id}): it has no runs"
         )
-    rep = sweeps.make_report(sweep, runs, args.baseline, budget)
+    rep = sweeps.make_report(sweep, runs, args.baseline, budget, args.target)
     text = render.render(rep, args.fmt, console.console, wide=args.wide)
     if text is not None:
         sys.stdout.write(text)

@@ -12,7 +12,14 @@ import sys
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 PIPED_WIDTH = 100  # tables in a log file: rich would assume 80 columns
@@ -61,7 +68,9 @@ def progress_bar(wanted: bool):
 
 
 class EpochProgress:
-    """One bar per epoch: steps done, the latest loss, step time and loss scale."""
+    """One bar per epoch: steps done, the latest loss, step time and loss scale, the time
+    spent and left. (The job's and the sweep's time left are printed once, after the first
+    timed steps: ``app.estimate``.)"""
 
     def __init__(self):
         self._progress: Progress | None = None
@@ -75,6 +84,8 @@ class EpochProgress:
             MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),  # this epoch's, at the steps' pace so far
             console=console,
         )
         self._progress.start()

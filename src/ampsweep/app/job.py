@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from ampsweep.app import console, slurm
-from ampsweep.config.compose import flatten, to_config, to_yaml
+from ampsweep.app import console, estimate, slurm
+from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
-from ampsweep.measure import names
+from ampsweep.measure import contention, names
 from ampsweep.tracking import store
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder, RunCloser
 from ampsweep.tracking.secrets import mask_text
@@ -48,6 +48,9 @@ class JobOutcome:
     job_num: int | None = None
     overrides: list[str] = field(default_factory=list)
     skipped: bool = False  # a sweep relaunch found this config FINISHED already (run_id: that run)
+    # What training logged, as (step, value) per metric, and the config as it ran (plain data)
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -58,6 +61,7 @@ class CommandContext:
     sweep: SweepInfo | None = None  # the sweep this command launched (None: single run)
     outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
     closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
+    plan: list[str] = field(default_factory=list)  # a sweep's modes by job number (estimates)
 
 
 @dataclass
@@ -237,6 +241,7 @@ class Job:
         requeue = slurm.requeue_signal() if rank.is_main else None
         self.stop = StopRequest(requeue)
         self.setup = None  # once built: what the run's end records of its numerics
+        self.history: dict[str, list[tuple[int, float]]] = {}  # what training logged
 
     # ---------------------------------------------------------------- the phases
 
@@ -398,14 +403,38 @@ class Job:
             console.console.print(f"checkpoints: {folder}")
         progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
         hooks = callbacks.instantiate(cfg.trainer.callbacks)  # the user's, checked by plan
+        # how much of the machine the timed steps had (other processes competing for it)
+        self.share = contention.MachineShare(
+            cfg.trainer.timing_warmup_steps, setup.total_steps, cfg.trainer.log_every
+        )
+        hooks = [*hooks, self.share, self._estimate(setup)]
         stop = sharded.GroupStop(self.stop) if sharded.is_sharded(setup.model) else self.stop
         with self.stop.deferred():  # a signal during training stops at a step boundary
-            return fit(setup, recorder.log_metrics, progress, state, checkpoints, stop, hooks)
+            return fit(setup, self._log, progress, state, checkpoints, stop, hooks)
+
+    def _estimate(self, setup) -> estimate.DurationEstimate:
+        """Says once, after the first timed steps, how long this job and the sweep will take."""
+        cfg, num, plan = setup.cfg, self.ctx.job_num, self.command.plan
+        later = plan[num + 1 :] if num is not None and num < len(plan) else []
+        done = [o for o in self.command.outcomes if o.config and "perf/wall_s" in o.summary]
+        known = {o.config["precision"]["name"]: o.summary["perf/wall_s"] for o in done}
+        say = console.console.print if self.rank.is_main else (lambda text: None)
+        return estimate.DurationEstimate(
+            self.name, cfg.precision.name, setup.total_steps, cfg.trainer.timing_warmup_steps,
+            later, known, estimate.cpu_flags(), setup.device.type == "cpu", say,
+        )  # fmt: skip
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        """Record metrics, and keep them for the job's outcome (the Python API returns them)."""
+        for key, value in metrics.items():
+            self.history.setdefault(key, []).append((step, float(value)))
+        self.recorder.log_metrics(metrics, step)
 
     def close(self, setup, summary: dict) -> JobOutcome:
         from ampsweep.engine import sharded
 
         final_step = int(summary["train/steps"])
+        summary.update(self.share.metrics())
         recorder = self.recorder
         recorder.log_metrics(
             {k: v for k, v in summary.items() if not k.startswith(("val/", "train/"))},
@@ -431,7 +460,8 @@ class Job:
                 from ampsweep.engine.export import snapshot
 
                 model = snapshot(module, setup.val_batches)  # fp32, on the CPU, at once
-        outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary)
+        outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary,
+                             history=self.history, config=as_dict(setup.cfg))  # fmt: skip
         where = None
         if recorder.run_id is not None:
             where = f"MLflow run {recorder.run_id} in {store.describe(recorder.uri)}"

@@ -313,6 +313,16 @@ def run_sweep(
     first_job = expand_sweep([o for o in overrides if not is_hydra_override(o)])[0]
     sweep_dir, label = sweep.plan_dir([*first_job, *hydra_settings], conf, name, search)
     typed = command_args or args
+    if is_main:  # a mode known to be slow here is said before the sweep starts
+        import torch
+
+        from ampsweep.app import estimate
+
+        for note in estimate.slow_mode_notes(
+            configs, torch.cuda.is_available(), estimate.cpu_flags()
+        ):
+            console.note(note)
+    command.plan = [c.precision.name for c in configs]  # each job's estimate of the rest
     command.sweep = sweep.begin(configs, typed, sweep_dir, label) if is_main else None
     # Jobs run in this process: each one's model is logged while the next trains. (A launcher
     # that runs jobs elsewhere gets a copy of the context that ends its runs at once.)

@@ -352,7 +352,8 @@ def is_hydra_override(override: str) -> bool:
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """Every job a ``-m`` command would launch, as plain override lists (basic sweeper
-    semantics: the cartesian product of the comma/range/choice sweeps)."""
+    semantics: the cartesian product of the comma/range/choice sweeps), in the order ampsweep's
+    sweeper runs them: seed-major (``seed_major``)."""
     parsed = _parse(overrides)
     axes: list[list[str]] = []
     for ov in parsed:
@@ -362,7 +363,18 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
             axes.append([f"{key}={v}" for v in values])
         else:
             axes.append([f"{key}={ov.get_value_element_as_str()}"])
-    return [list(combo) for combo in itertools.product(*axes)]
+    order = seed_major([_key(a[0]) for a in axes])
+    # The seed axis varies slowest; each job keeps its overrides in the order given.
+    combos = itertools.product(*(axes[i] for i in order))
+    return [[combo[order.index(i)] for i in range(len(axes))] for combo in combos]
+
+
+def seed_major(keys: Sequence[str]) -> list[int]:
+    """The positions of a sweep's ``keys`` with the seed's first: the product of the axes then
+    runs every mode (and every other setting) of one seed before the next seed, so the runs a
+    report pairs by seed also run side by side in time, and a change in the machine's load
+    over the sweep falls on every mode alike instead of on whichever mode ran then."""
+    return sorted(range(len(keys)), key=lambda i: keys[i] != SEED)
 
 
 def sweep_params_of(
@@ -470,8 +482,8 @@ def validate_command(
         return [to_config(_strip_hydra(cfg))]
     jobs = expand_sweep(plain)
     extra = sweep_params_of(conf, config_name, jobs[0], search)
-    if extra:
-        jobs = [j + e for j in jobs for e in expand_sweep(extra)]
+    if extra:  # in Hydra's order: the experiment's sweep params before the command's
+        jobs = expand_sweep([*extra, *plain])
     return [load(job, conf, config_name, search) for job in jobs]
 
 

@@ -2,7 +2,8 @@
 
 One figure per question: how fast (throughput, speed-up), how much memory (activations, GPU
 peak), how accurate (for language models: what perplexity), how training went (validation
-loss over steps), and what the loss scaler did (scale over steps). They are logged to the
+loss over steps), how soon each mode reaches a quality (quality against wall time), and
+what the loss scaler did (scale over steps). They are logged to the
 sweep's parent run under charts/.
 """
 
@@ -17,6 +18,7 @@ matplotlib.use("Agg")  # before pyplot: headless, and never opens a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ampsweep.precision.modes import color as _color  # noqa: E402
+from ampsweep.report import quality  # noqa: E402
 from ampsweep.report.model import Report, Row, is_number  # noqa: E402
 from ampsweep.tracking.store import FINISHED  # noqa: E402
 
@@ -190,6 +192,47 @@ def _curves(report: Report, key: str, path: Path, title: str, ylabel: str, log: 
     return _save(fig, path)
 
 
+def time_to_quality(report: Report, path: Path) -> Path | None:
+    """Validation quality against wall time since each run started, a line per run in its
+    mode's colour, and the time-to-quality target as a dashed line: which mode gets there
+    first, and whether it does at all."""
+    runs = [r for r in report.runs if r.status == FINISHED and quality.metric_of(r)]
+    if not runs:
+        return None
+    rows = {r.run_id: r for r in report.rows}
+    group_of = {m: s for s in report.summary for m in s.members}
+    metric = quality.metric_of(runs[0])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labelled = set()
+    for run in runs:
+        points = sorted(run.timeline.get(metric, []), key=lambda e: e[2])
+        if not points:
+            continue
+        seconds = [max(0.0, (stamp - run.started_ms) / 1000) for _, _, stamp in points]
+        row = group_of.get(run.run_id, rows[run.run_id])
+        label = _label(row, report.summary)
+        ax.plot(
+            seconds,
+            [v for _, v, _ in points],
+            marker=".",
+            color=_color(row.precision),
+            label=None if label in labelled else label,
+            alpha=0.6 if row.n > 1 else 1.0,
+        )
+        labelled.add(label)
+    targets = {r.target for r in report.rows if is_number(r.target)}
+    if len(targets) == 1:  # one configuration (several: each its own target, none drawn)
+        words = next(iter(report.targets.values()), "")
+        ax.axhline(targets.pop(), color="grey", linestyle="--", label=f"target: {words}")
+    ax.set_xlabel("wall time since the run started (s)")
+    ax.set_ylabel("validation perplexity (lower is better)" if metric == quality.PPL
+                  else "validation accuracy")  # fmt: skip
+    ax.set_title("Time to quality: validation quality against wall time")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
 def write_charts(report: Report, folder: Path) -> list[Path]:
     """Every chart that has data, as PNG files in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -199,6 +242,7 @@ def write_charts(report: Report, folder: Path) -> list[Path]:
         accuracy(report, folder / "accuracy.png"),
         perplexity(report, folder / "perplexity.png"),
         capacity(report, folder / "max_batch.png"),
+        time_to_quality(report, folder / "time_to_quality.png"),
         _curves(
             report, "val/loss", folder / "val_loss.png", "Validation loss", "val/loss", log=False
         ),

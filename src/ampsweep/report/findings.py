@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from ampsweep.measure import contention
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics, stats
-from ampsweep.report.model import Row, how_much, is_number, percent, ratio_range
+from ampsweep.report.model import Row, how_much, is_number, percent, ratio_range, times
 from ampsweep.tracking.store import FINISHED
 
 ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
@@ -80,11 +81,17 @@ def _rate(r: Row) -> str:
 
 
 def findings(
-    rows: list[Row], device: dict[str, str], baseline_mode: str = BASELINE, budget: str = ""
+    rows: list[Row],
+    device: dict[str, str],
+    baseline_mode: str = BASELINE,
+    budget: str = "",
+    targets: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Plain-language conclusions, each with the numbers behind it. ``rows``: one per
     configuration and mode (repeats summarised, ``report.groups``); a verdict over repeats
-    carries its 95% interval. ``budget``: the max batch column's memory, in words."""
+    carries its 95% interval. ``budget``: the max batch column's memory, in words;
+    ``targets``: each configuration's time-to-quality target, in words (``report.quality``).
+    A contended run's speed is left out of every speed verdict (``_contention_findings``)."""
     out = [f"Device: {describe_device(device)}."]
     done = [r for r in rows if r.status == FINISHED]
     compared = [r for r in done if r.baseline]
@@ -97,6 +104,9 @@ def findings(
             out.extend(_interval_findings(group, baseline_mode, suffix, device))
         else:
             out.extend(_group_findings(group, baseline_mode, suffix))
+        if targets and where in targets:
+            out.extend(_target_findings(group, baseline_mode, suffix, targets[where]))
+    out.extend(_contention_findings(done))
     out.extend(_noscale_findings(done, baseline_mode))
     out.extend(_underflow_findings(done))
     out.extend(numerics.findings(rows))
@@ -125,7 +135,7 @@ def findings(
 
 def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     out = []
-    timed = [r for r in group if is_number(r.speedup) and not r.emulated]
+    timed = [r for r in group if is_number(r.speedup) and not r.emulated and not r.contended]
     if len(timed) > 1:  # a mode to compare with the baseline (an emulated one has no speed)
         best = max(timed, key=lambda r: r.speedup)
         if best.precision == base or best.speedup <= 1.0:
@@ -223,6 +233,64 @@ def _perplexity_findings(group: list[Row], base: str, where: str) -> list[str]:
                 "run length that is noise, not a gain)."
             )
     return out
+
+
+def _contention_findings(done: list[Row]) -> list[str]:
+    """The runs whose timed steps shared the machine with busy processes: named, with how
+    much the others took, and left out of the speed verdicts."""
+    hit = [r for r in done if r.contended or r.contended_runs]
+    if not hit:
+        return []
+    parts = []
+    for r in hit:
+        load = ""
+        if is_number(r.cpu_others) and is_number(r.cpu_cores) and is_number(r.cpu_used):
+            load = f": {contention.describe(r.cpu_used, r.cpu_others, r.cpu_cores)}"
+        if r.n > 1 and not r.contended:
+            parts.append(
+                f"{r.contended_runs} of {r.n} runs of {r.precision}{load} (its speed-up is "
+                f"from the other {r.n - r.contended_runs})"
+            )
+        elif is_number(r.cpu_others) and not contention.contended(r.cpu_used, r.cpu_others,
+                                                                    r.cpu_cores):  # fmt: skip
+            parts.append(f"{r.name} (its baseline's timing was)")
+        else:
+            parts.append(f"{r.name}{load}")
+    return [
+        "Timing contended, other processes competing for the CPU while these were timed: "
+        + "; ".join(parts)
+        + ". Their speed is left out of the speed verdicts: a busy machine times the other "
+        "processes as much as the mode. Rerun them on an idle machine to compare speed."
+    ]
+
+
+def _target_findings(group: list[Row], base: str, where: str, target: str) -> list[str]:
+    """How long each mode took to reach the quality target, fastest first."""
+    rows = [r for r in group if r.target_evals]
+    if not rows:
+        return []
+    hit = sorted((r for r in rows if is_number(r.target_s)), key=lambda r: r.target_s)
+    base_row = next((r for r in hit if r.precision == base), None)
+    parts = []
+    for r in hit:
+        of = f", {r.target_reached} of {r.n} runs" if r.target_reached < r.n else ""
+        vs = ""
+        if base_row is not None and r is not base_row and base_row.target_s > 0:
+            vs = f", {times(r.target_s / base_row.target_s)} {base}'s time"
+        mean = " in the mean" if r.n > 1 else ""
+        parts.append(
+            f"{r.precision} in {r.target_s:.1f} s{mean} (step {r.target_steps:,.0f}{of}{vs})"
+        )
+    missed = [r for r in rows if not is_number(r.target_s)]
+    for r in missed:
+        runs = "in any run" if r.n > 1 else f"in its {r.target_evals} evaluation(s)"
+        parts.append(f"{r.precision} not reached {runs}")
+    flag = " (some timings contended)" if any(r.contended for r in rows) else ""
+    return [
+        f"Time to quality{where}, {target}, wall time from the run's start{flag}: "
+        + "; ".join(parts)
+        + "."
+    ]
 
 
 # ---------------------------------------------------------------- verdicts over repeats
@@ -333,7 +401,9 @@ def _interval_findings(group: list[Row], base: str, where: str, device: dict) ->
     out = []
     others = [r for r in group if r.precision != base]
     speed = [
-        _speed(r, base, _on(device)) for r in others if is_number(r.speedup) and not r.emulated
+        _speed(r, base, _on(device))
+        for r in others
+        if is_number(r.speedup) and not r.emulated and not r.contended
     ]
     if speed:
         out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
@@ -487,7 +557,10 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
     half = [
         r
         for r in compared
-        if r.precision != base and _is(r.precision, lambda m: m.half) and is_number(r.speedup)
+        if r.precision != base
+        and _is(r.precision, lambda m: m.half)
+        and is_number(r.speedup)
+        and not r.contended
     ]
     rel = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in half if not r.emulated)
     rel = f" ({rel})" if rel else ""

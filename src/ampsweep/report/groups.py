@@ -23,7 +23,7 @@ from ampsweep.tracking.store import FINISHED
 MEANS = (
     "val_acc", "samples_per_s", "step_ms", "tflops", "mfu", "activation_mib", "peak_mib",
     "skipped_steps", "bytes_per_sample", "model_mib", "max_batch", "fp8_flop_share", "steps",
-    "update_lost_frac",
+    "update_lost_frac", "cpu_used", "cpu_others", "cpu_cores",
 )  # fmt: skip
 DIFFERENCES = ("acc_delta",)  # each run minus its same-seed baseline
 RATIOS = ("speedup", "activation_ratio", "peak_ratio", "max_batch_ratio")  # run / baseline
@@ -72,8 +72,12 @@ def _summary(group: list[Row], varies: dict[str, str]) -> Row:
     for name in MEANS + DIFFERENCES:
         est = stats.mean_interval([v for r in group if is_number(v := getattr(r, name))])
         _keep(name, est, ci, values)
+    # A contended run's speed-up is left out where some runs were not contended (it measured
+    # the other processes as much as the mode); where all were, the row says so.
+    clean = [r for r in group if not r.contended] or group
     for name in RATIOS:
-        est = stats.ratio_interval([v for r in group if is_number(v := getattr(r, name))])
+        of = clean if name == "speedup" else group
+        est = stats.ratio_interval([v for r in of if is_number(v := getattr(r, name))])
         _keep(name, est, ci, values)
     scales = [r.loss_scale for r in group if is_number(r.loss_scale)]
     extra_keys = sorted({k for r in group for k in r.extra})
@@ -96,6 +100,8 @@ def _summary(group: list[Row], varies: dict[str, str]) -> Row:
         varies=varies.get(first.run_id, ""),
         reused=all(r.reused for r in group),
         n=len(group),
+        contended=all(r.contended for r in group),
+        contended_runs=sum(r.contended for r in group),
         ci=ci,
         members=[r.run_id for r in group],
     )

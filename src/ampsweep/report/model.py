@@ -58,6 +58,10 @@ class RunData:
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # The evaluations (val/acc, val/perplexity) as (step, value, MLflow timestamp in ms), and
+    # when the run started (ms): its time to quality (``report.quality``)
+    timeline: dict[str, list[tuple[int, float, int]]] = field(default_factory=dict)
+    started_ms: int = 0
     # A relaunch skips a job whose identical config already FINISHED; that earlier run stands
     # in for the job in this launch's report (its job number in this sweep).
     stands_in_for_job: str | None = None
@@ -141,6 +145,24 @@ class Row:
     n: int = 1
     ci: dict[str, Estimate] = field(default_factory=dict)
     members: list[str] = field(default_factory=list)
+    # How much of the machine the timed steps had (``measure.contention``): the cores this run
+    # and every other process used per second, of ``cpu_cores``; ``contended``: the run's or
+    # its baseline's timing was contended, so its speed-up is no verdict (over repeats: how
+    # many runs were, ``speedup`` then from the others where some were not).
+    cpu_used: float | None = None
+    cpu_others: float | None = None
+    cpu_cores: float | None = None
+    contended: bool = False
+    contended_runs: int = 0
+    # Time to quality: the first evaluation at which the run reached ``target`` (accuracy at
+    # least, perplexity at most: ``report.quality``), its training wall time and steps there;
+    # None when it never did (``target_evals``: how many evaluations it had to reach it). Over
+    # repeats: the means over the runs that reached it, ``target_reached`` how many did.
+    target: float | None = None
+    target_s: float | None = None
+    target_steps: float | None = None
+    target_evals: int = 0
+    target_reached: int = 0
 
     @property
     def configuration(self) -> str:
@@ -150,6 +172,26 @@ class Row:
     @property
     def shown_status(self) -> str:
         return "earlier" if self.reused else self.status
+
+    @property
+    def to_target(self) -> str:
+        """The time-to-quality cell: ``12.3 s``, ``not reached``, ``12.3 s (2/3)`` where 2 of 3
+        runs reached it (their mean), or nothing without a target (the steps: ``target_steps``)."""
+        if not is_number(self.target) or not self.target_evals:
+            return ""
+        if not is_number(self.target_s):
+            return "not reached"
+        where = f"{self.target_s:.1f} s"
+        return (
+            where if self.target_reached >= self.n else f"{where} ({self.target_reached}/{self.n})"
+        )
+
+    @property
+    def timing(self) -> str:
+        """``contended`` where the run's timing (or its baseline's) was, else nothing."""
+        if not self.contended_runs and not self.contended:
+            return ""
+        return "contended" if self.n == 1 else f"{self.contended_runs}/{self.n} contended"
 
     @property
     def scaler_skips(self) -> float | None:
@@ -190,6 +232,8 @@ class Report:
     budget: str = ""  # the memory budget of the max batch column, in words ("80 GiB")
     # What the report opens with: the mode to use, or the open question (``report.recommend``)
     recommendation: Recommendation | None = None
+    # Each configuration's time-to-quality target in words (``report.quality``)
+    targets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.summary:

@@ -64,12 +64,29 @@ def recommend(
     unsure = [r for r in others if verdicts.get(r.precision) == "open"]
     if device.get("device") == "cpu":
         return _cpu(held, unsure, base, sweep_command, device, ruled_out)
-    timed = [r for r in held if is_number(r.speedup) and not r.emulated]
+    busy = [r for r in held if is_number(r.speedup) and not r.emulated and r.contended]
+    if busy:  # a contended timing is no verdict (``measure.contention``)
+        ruled_out += (
+            f" The timings of {', '.join(r.precision for r in busy)} were contended (other "
+            "processes busy on the machine): left out of the speed verdict."
+        )
+    timed = [r for r in held if is_number(r.speedup) and not r.emulated and not r.contended]
     faster = sorted((r for r in timed if _speed_verdict(r) == "higher"), key=lambda r: -r.speedup)
     if faster:
         best, *rest = faster
         runner = rest[0] if rest else None
         return _use(best, runner, base, where, sweep_command, ruled_out)
+    if busy and not timed:
+        names = ", ".join(r.precision for r in busy)
+        return Recommendation(
+            None,
+            f"{names} held quality against {baseline_mode}{where}, but every timing that would "
+            "compare their speed was contended: other processes competed for the machine "
+            "while they were timed. Rerun the sweep on an idle machine.",
+            _sweep(sweep_command, {}),
+            evidence={r.precision: _evidence_line(r, base) for r in busy},
+            open_question=f"whether {names} is faster than {baseline_mode} on an idle machine",
+        )
     wide = [r for r in timed + unsure if _open(r)]
     if wide:
         needed = max(_needed(r) for r in wide)
@@ -234,6 +251,12 @@ def _cpu(held, unsure, base, command, device, ruled_out) -> Recommendation:
     if unsure:
         names = ", ".join(r.precision for r in unsure)
         kept += f" The quality of {names} cannot be judged yet (intervals too wide)."
+    busy = [r for r in held if r.contended]
+    if busy:
+        ruled_out += (
+            f" (The timings of {', '.join(r.precision for r in busy)} were also contended by "
+            "other busy processes.)"
+        )
     return Recommendation(
         None,
         f"{describe_device(device)} has no tensor cores, so its timings say nothing about "

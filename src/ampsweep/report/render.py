@@ -15,6 +15,8 @@ import csv
 import io
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import quote
 
 from ampsweep.report.model import Report, Row, is_number, ratio_range
 
@@ -25,7 +27,8 @@ CONSOLE_WIDTH = 100
 class Column:
     key: str  # a Row attribute, or "extra:<metric>"
     header: str
-    fmt: str  # "s" text, "x" ratio, "pt" points, "pct" percent, else a format spec
+    fmt: str  # "s" text, "t" text among numbers, "x" ratio, "pt" points, "pct" percent, else a
+    # format spec
     console: bool = True  # in the default console table (else only with --wide and in files)
     # "always" | "numbers" (some row has one) | "text" | "differs" | "repeats" (some row
     # summarises repeated runs)
@@ -48,6 +51,9 @@ COLUMNS = [
     Column("samples_per_s", "samples/s", ",.0f", drop=5),
     Column("tokens_per_s", "tokens/s", ",.0f", when="numbers", drop=4),
     Column("speedup", "speed-up", "x"),
+    Column("timing", "timing", "t", when="text"),  # contended: no speed verdict (never dropped)
+    Column("to_target", "to target", "t", when="text", drop=4),  # time to quality
+    Column("target_steps", "steps to target", ",.0f", console=False, when="numbers"),
     Column("step_ms", "step ms", ".2f", console=False),
     Column("tflops", "TFLOPS", ".3g", console=False, when="numbers"),
     Column("mfu", "MFU", "pct", when="numbers", drop=4),
@@ -89,7 +95,7 @@ def _cell(value, fmt: str, est=None) -> str:
     """A table cell: the value, and its interval over repeats: a ratio's as a range (taken on
     the log scale, it is not symmetric), a count's or share's as ``±`` half its width, or as a
     range from 0 where that ``±`` would reach below zero (no throughput is negative)."""
-    if fmt == "s":
+    if fmt in ("s", "t"):
         return str(value) if value is not None else ""
     if not is_number(value):
         return "-"
@@ -217,6 +223,36 @@ def to_markdown(report: Report) -> str:
         lines += _markdown_table(*table_cells(report, rows=report.rows))
     lines += ["", "## Findings", ""] + [f"- {f}" for f in report.findings]
     return "\n".join(lines) + "\n"
+
+
+def to_note(report: Report, charts: list[str], limit: int) -> str:
+    """The sweep parent's MLflow description (Markdown, at most ``limit`` characters): the
+    recommendation and its command, the table, the charts (shown from the run's artifacts by
+    the MLflow UI's ``get-artifact`` route) and as many findings as fit; the rest, and every
+    run, are in report.md."""
+    run_id = report.sweep.get("run_id", "")
+    lines = [f"### {title(report)}", ""]
+    opened = opening(report)
+    if opened:
+        lines += [f"**{opened[0]}**", "", f"`{report.recommendation.command}`", ""]
+    lines += _markdown_table(*table_cells(report)) + [""]
+    links = [
+        f"![{Path(c).stem}](get-artifact?path={quote(c, safe='')}&run_uuid={run_id})"
+        for c in charts
+    ]
+    lines += [" ".join(links), "", "#### Findings", ""] if links else ["#### Findings", ""]
+    tail = "Every run and every finding: the artifact report.md."
+    text = "\n".join(lines)
+    shown = 0
+    for f in report.findings:
+        item = f"\n- {f}"
+        if len(text) + len(item) + len(tail) + 40 > limit:
+            break
+        text += item
+        shown += 1
+    left = len(report.findings) - shown
+    more = f"{left} more finding(s) and every run: the artifact report.md." if left else tail
+    return f"{text}\n\n{more}\n"[:limit]  # (a table too long for it is cut short)
 
 
 def to_csv(report: Report) -> str:

@@ -7,7 +7,7 @@ run of the same seed (``report.groups`` then summarises the repeats).
 
 from __future__ import annotations
 
-from ampsweep.measure import capacity
+from ampsweep.measure import capacity, contention
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics
 from ampsweep.report.model import Row, RunData, is_number
@@ -140,8 +140,13 @@ def compute_rows(
             num_classes=_count(run.tags.get(f"{DATA_PREFIX}num_classes")),
             emulated=run.tags.get(FP8_EMULATED) == "true",
             fp8_flop_share=m.get("fp8/flop_share"),
+            cpu_used=m.get(contention.CORES_USED),
+            cpu_others=m.get(contention.CORES_OTHERS),
+            cpu_cores=m.get(contention.CORES),
             **numerics.row_fields(run),
         )
+        row.contended = contended(m)
+        row.contended_runs = int(row.contended)
         base = find_baseline(run, runs, baseline_mode)
         if base is None:
             same_mode = any(r.precision == baseline_mode for r in runs)
@@ -157,6 +162,8 @@ def compute_rows(
                 row.acc_delta = row.val_acc - b["val/acc"]
             row.ppl_ratio = ratio(row.val_ppl, b.get("val/perplexity"))
             row.speedup = ratio(row.samples_per_s, b.get("perf/samples_per_s"))
+            row.contended = row.contended or contended(b)  # a speed-up is timed on both
+            row.contended_runs = int(row.contended)
             row.activation_ratio = ratio(row.activation_mib, b.get("mem/activation_mib"))
             row.peak_ratio = ratio(row.peak_mib, b.get("mem/peak_allocated_mib"))
             row.max_batch_ratio = ratio(row.max_batch, max_batch(b, budget))
@@ -169,3 +176,12 @@ def _count(text: str | None) -> int | None:
         return int(text) if text else None
     except ValueError:
         return None
+
+
+def contended(metrics: dict[str, float]) -> bool:
+    """Whether a run's timed steps shared the machine with busy processes."""
+    return contention.contended(
+        metrics.get(contention.CORES_USED),
+        metrics.get(contention.CORES_OTHERS),
+        metrics.get(contention.CORES),
+    )

@@ -7,14 +7,15 @@ import re
 
 from ampsweep.measure import capacity
 from ampsweep.precision.modes import BASELINE
+from ampsweep.report import quality
 from ampsweep.report.findings import findings
 from ampsweep.report.groups import summarise
 from ampsweep.report.model import Report, RunData
 from ampsweep.report.recommend import recommend
-from ampsweep.report.render import to_csv, to_json, to_markdown
+from ampsweep.report.render import to_csv, to_json, to_markdown, to_note
 from ampsweep.report.rows import compute_rows
 from ampsweep.tracking import store
-from ampsweep.tracking.secrets import mask_files
+from ampsweep.tracking.secrets import mask_files, mask_text
 
 HISTORY_KEYS = ("val/loss", "amp/loss_scale")  # step-wise metrics the charts draw
 
@@ -87,6 +88,11 @@ def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
         for key in HISTORY_KEYS
         if key in r.data.metrics
     }
+    timeline = {
+        key: [(m.step, m.value, m.timestamp) for m in client.get_metric_history(r.info.run_id, key)]
+        for key in quality.QUALITY_KEYS
+        if key in r.data.metrics
+    }
     return RunData(
         run_id=r.info.run_id,
         name=r.info.run_name,
@@ -96,23 +102,31 @@ def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
         metrics=dict(r.data.metrics),
         history=history,
         stands_in_for_job=stands_in_for_job,
+        timeline=timeline,
+        started_ms=r.info.start_time or 0,
     )
 
 
 def make_report(
-    sweep: dict, runs: list[RunData], baseline_mode: str = BASELINE, budget: int | None = None
+    sweep: dict,
+    runs: list[RunData],
+    baseline_mode: str = BASELINE,
+    budget: int | None = None,
+    target: float | None = None,
 ) -> Report:
     """The report of a sweep's runs; ``budget``: bytes for the max batch column (default: what
-    each CUDA run predicted for its GPU's memory; nothing on a CPU)."""
+    each CUDA run predicted for its GPU's memory; nothing on a CPU); ``target``: the quality
+    whose time to reach the report measures (default: near the baseline's, ``report.quality``)."""
     rows = compute_rows(runs, baseline_mode, budget)
     summary = summarise(rows, runs)
+    targets = quality.apply(rows, summary, runs, baseline_mode, target)
     finished = [r for r in runs if r.status == store.FINISHED and r.tags.get(store.DEVICE)]
     source = (finished or [r for r in runs if r.tags.get(store.DEVICE)] or runs)[0].tags
     device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
     words = budget_words(runs, budget)
-    found = findings(summary, device, baseline_mode, words)
+    found = findings(summary, device, baseline_mode, words, targets)
     advice = recommend(summary, device, baseline_mode, sweep.get("command", ""))
-    return Report(sweep, device, baseline_mode, rows, found, runs, summary, words, advice)
+    return Report(sweep, device, baseline_mode, rows, found, runs, summary, words, advice, targets)
 
 
 def budget_words(runs: list[RunData], budget: int | None) -> str:
@@ -128,16 +142,21 @@ def budget_words(runs: list[RunData], budget: int | None) -> str:
 
 
 def build_report(
-    client, parent_run_id: str, baseline_mode: str = BASELINE, budget: int | None = None
+    client,
+    parent_run_id: str,
+    baseline_mode: str = BASELINE,
+    budget: int | None = None,
+    target: float | None = None,
 ) -> Report:
     parent, _ = find_sweep(client, parent_run_id)
     sweep, runs = load_sweep(client, parent)
-    return make_report(sweep, runs, baseline_mode, budget)
+    return make_report(sweep, runs, baseline_mode, budget, target)
 
 
 def publish(client, report: Report) -> None:
     """Log the report to the sweep's parent run: report.md/.csv/.json, the charts under
-    charts/, and the headline numbers as parent metrics."""
+    charts/, the headline numbers as parent metrics, and the recommendation, table, charts
+    and findings as the run's description (``store.NOTE``: the UI's Overview page)."""
     import tempfile
     import time
     from pathlib import Path
@@ -152,9 +171,11 @@ def publish(client, report: Report) -> None:
         (folder / "report.md").write_text(to_markdown(report))
         (folder / "report.csv").write_text(to_csv(report))
         (folder / "report.json").write_text(to_json(report))
-        charts.write_charts(report, folder / "charts")
+        made = charts.write_charts(report, folder / "charts")
         mask_files(folder)  # the sweep's command and folders may name a secret
         client.log_artifacts(run_id, str(folder))
+    paths = [f"charts/{p.name}" for p in made]
+    client.set_tag(run_id, store.NOTE, mask_text(to_note(report, paths, store.NOTE_MAX_CHARS)))
     now = int(time.time() * 1000)
     metrics = [Metric(k, float(v), now, 0) for k, v in report.headline_metrics().items()]
     for i in range(0, len(metrics), 1000):

@@ -34,6 +34,10 @@ CLUSTER_JOB = "slurm_job_id"  # the SLURM job that trains the run (``12_3``: arr
 OVERRIDES = "overrides"
 REPRODUCES = "reproduces"  # the run a reproduction repeats
 ENDED_BY = "ended_by"  # who ended a run whose own process could not
+# MLflow's run description (mlflow.utils.mlflow_tags.MLFLOW_RUN_NOTE), which its UI shows on a
+# run's Overview page: a sweep's parent carries its report's answer there
+NOTE = "mlflow.note.content"
+NOTE_MAX_CHARS = 8000  # MLflow's limit on a tag's value (mlflow.utils.validation)
 HOST, PID = "host", "pid"  # the process that trains a run (judged when it is gone)
 GIT_COMMIT, GIT_DIRTY = "git_commit", "git_dirty"
 AMPSWEEP_VERSION = "ampsweep_version"

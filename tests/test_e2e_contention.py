@@ -1,0 +1,52 @@
+"""A sweep beside a busy machine, through the real CLI: its jobs run seed-major, each run logs
+the cores it and the other processes used while its steps were timed, and the report flags
+the contended timings and leaves them out of its speed verdicts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import all_runs, run_cli
+
+from ampsweep.measure import contention
+from ampsweep.tracking import store as mlflow_store
+
+pytestmark = pytest.mark.slow
+
+SWEEP = ["precision=fp32,bf16", "sweep.repeats=2", "model=cnn", "trainer.epochs=1",
+         "trainer.max_steps=40", "trainer.batch_size=128", "trainer.log_every=5",
+         "trainer.timing_warmup_steps=2", "trainer.progress=false",
+         "diagnostics.every=0"]  # fmt: skip
+SPIN = "import time\nend = time.time() + 300\nwhile time.time() < end: pass"
+
+
+def test_a_sweep_beside_a_busy_loop_is_flagged_contended_and_runs_seed_major(tmp_path, store):
+    cores = contention.available_cores()
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(cores)]
+    try:
+        proc = run_cli(["train", "-m", *SWEEP, f"tracking.uri={store}"], tmp_path)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert proc.returncode == 0, proc.stderr
+    kids = [r for r in all_runs(store) if mlflow_store.PARENT in r.data.tags]
+    by_job = sorted(kids, key=lambda r: int(r.data.tags["job_num"]))
+    order = [(r.data.params["precision.name"], r.data.params["trainer.seed"]) for r in by_job]
+    assert order == [("fp32", "0"), ("bf16", "0"), ("fp32", "1"), ("bf16", "1")]
+    for r in kids:
+        m = r.data.metrics
+        assert m[contention.CORES] == cores
+        # the spinners took their share of every core the run could use
+        assert m[contention.CORES_OTHERS] >= contention.OTHERS_SHARE * cores, m
+        assert contention.contended(
+            m[contention.CORES_USED], m[contention.CORES_OTHERS], m[contention.CORES]
+        )
+    out = proc.stdout
+    assert "Timing contended, other processes competing for the CPU" in out
+    assert "Their speed is left out of the speed verdicts" in out
+    assert "Speed (" not in out and "Speed, paired by seed" not in out  # no verdict on it
+    table = out[out.index("\nSweep ") :].split("Findings")[0]
+    assert "2/2 contended" in table
