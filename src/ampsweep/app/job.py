@@ -28,6 +28,7 @@ from ampsweep.app import console, slurm
 from ampsweep.config.compose import flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
+from ampsweep.engine.lease import NoLease
 from ampsweep.measure import names
 from ampsweep.tracking import store
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder, RunCloser
@@ -237,6 +238,8 @@ class Job:
         requeue = slurm.requeue_signal() if rank.is_main else None
         self.stop = StopRequest(requeue)
         self.setup = None  # once built: what the run's end records of its numerics
+        self.lease = NoLease()  # on the run's checkpoint folder while this job trains it
+        self.uri = ""  # the MLflow store, once planned
 
     # ---------------------------------------------------------------- the phases
 
@@ -255,6 +258,7 @@ class Job:
             outcome = self._failed(err)
         finally:
             self.stop.uninstall()
+            self.lease.release()
         if outcome.status == store.KILLED and self.stop.requeue:
             outcome = self._requeue(outcome)  # exits here when submitit requeues the job
         self._done(outcome)
@@ -374,6 +378,7 @@ class Job:
         folder = checkpoint.folder_for(cfg, recorder.run_id)
         checkpoints = NoCheckpoints()
         if self.rank.is_main:
+            self._own(folder)
             checkpoints = checkpoint.Checkpointer(
                 folder, cfg, recorder.run_id, recorder.flush, mask=mask_text
             )
@@ -501,6 +506,7 @@ class Job:
         self.command.outcomes.append(outcome)
 
     def _failed(self, err: Exception) -> JobOutcome:
+        err = (store.fault(err, self.uri) if self.uri else None) or err  # a store's one line
         message = store.one_line(err)
         # Under DDP every rank refuses a config alike: rank 0 says it once. Other failures
         # (a crash on one rank) are said by the rank that had them.
@@ -555,19 +561,43 @@ class Job:
         run_id = None
         if choice and choice != "auto" and not checkpoint.is_path(choice):
             run_id = choice  # an MLflow run id: its checkpoint folder is one of its tags
-            path, line = checkpoint.newest_of_run(run_id, self._checkpoint_dir_of(run_id, cfg))
+            folder = self._checkpoint_dir_of(run_id, cfg)
+            paths, line = checkpoint.candidates_of_run(run_id, folder), ""
         else:
-            path, line = checkpoint.locate(cfg, choice)
-        if path is None:
-            if line and not implied:  # a fresh sweep job needs no word on it
+            paths, line = checkpoint.candidates(cfg, choice)
+        # rank 0 takes the lease on the run: no other process trains it meanwhile
+        picked = checkpoint.choose(paths, choice, console.note, claim=self.rank.is_main)
+        line = picked.line or line
+        if picked.ckpt is None:
+            if line and not (implied and not picked.line):  # a fresh sweep job: no word
                 console.console.print(line)
             return None
-        ckpt = checkpoint.load(path)
+        self.lease = picked.lease
+        ckpt = picked.ckpt
         # A refused checkpoint is refused before "resuming" is said.
-        checkpoint.check(ckpt, cfg, path, choice, run_id, mask=mask_text)
+        checkpoint.check(ckpt, cfg, picked.path, choice, run_id, mask=mask_text)
+        if run_id is not None:
+            line = f"resuming run {run_id} from {picked.path}"
         console.console.print(line)
-        ckpt["path"] = str(path)
+        ckpt["path"] = str(picked.path)
         return ckpt
+
+    def _own(self, folder: Path) -> None:
+        """Hold the lease on the folder this run's checkpoints go to (a resumed run holds
+        it already, unless its checkpoint came from elsewhere)."""
+        from ampsweep.engine import lease
+
+        if self.lease.folder == folder:
+            return
+        try:
+            held = lease.take(folder)
+        except lease.Owned as owned:
+            raise ConfigError(
+                f"trainer.checkpoint_dir: {owned}: another process trains this run; start a "
+                "new run (drop trainer.resume)"
+            ) from None
+        self.lease.release()
+        self.lease = held
 
     def _checkpoint_dir_of(self, run_id: str, cfg: Config) -> Path | None:
         if cfg.tracking.backend != Tracker.mlflow:
@@ -615,9 +645,16 @@ class Job:
             tags[store.PARENT] = self.sweep.parent_run_id
         tags.update(_cluster_job_tag())  # a requeued or relaunched SLURM job continues it
         old_error = run.data.tags.get(store.ERROR)
+        gone = self.lease.previous  # the owner before us died holding the run
+        if gone is not None and not old_error:
+            old_error = (f"its process ({gone.describe()}) ended without ending the run "
+                         "(killed, or its machine lost)")  # fmt: skip
+            tags[store.ENDED_BY] = f"pid {os.getpid()} on {socket.gethostname()}, resuming it"
         if old_error:  # the run is alive again: keep why it stopped, under another name
             tags[store.PREVIOUS_ERROR] = old_error
-            recorder.client.delete_tag(run_id, store.ERROR)
+            with contextlib.suppress(Exception):  # (no error tag: nothing to delete)
+                recorder.client.delete_tag(run_id, store.ERROR)
+        tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
         recorder.set_tags(tags)
         return recorder
 

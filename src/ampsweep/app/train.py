@@ -15,6 +15,7 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
 from ampsweep.config.schema import Config, ConfigError, Tracker
+from ampsweep.errors import FaultError
 from ampsweep.tracking.recorder import RunCloser
 
 HYDRA_FLAGS_WITH_VALUE = {
@@ -248,6 +249,9 @@ def validate(
     except ConfigError as err:
         console.error(str(err))
         return 2, []
+    except FaultError as err:  # the store cannot be written (locked, full)
+        console.error(str(err))
+        return 1, []
     return 0, configs
 
 
