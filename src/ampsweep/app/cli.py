@@ -27,10 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    from ampsweep.app import capacity, doctor, reproduce
+    from ampsweep.app import capacity, doctor, repair, reproduce
     from ampsweep.precision.modes import BASELINE
 
     reproduce.add_parser(sub)
+    repair.add_parser(sub)
     capacity.add_parser(sub)
     doctor.add_parser(sub)
     store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"

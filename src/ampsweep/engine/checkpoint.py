@@ -65,6 +65,7 @@ NOT_HASHED = (
     "tracking.register_model",
     "tracking.system_metrics",
     "tracking.system_metrics_interval",
+    "tracking.on_store_failure",
 )
 
 

@@ -244,6 +244,8 @@ def client_for(uri: str):
     # MLflow logs store creation and migrations at INFO on the console; ampsweep says what
     # matters itself.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # A store that fails is said in one line (``fault``), not as MLflow's logged traceback.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return MlflowClient(tracking_uri=uri)
 
 
