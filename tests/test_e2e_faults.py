@@ -263,3 +263,28 @@ def test_two_identical_sweeps_launched_together_never_share_a_run(tmp_path, stor
         assert run.info.status == store.FINISHED
         mine = [m for m in models if m.source_run_id == run.info.run_id]
         assert len(mine) == 1, run.info.run_id
+
+
+def test_the_next_train_command_writes_a_journal_left_behind(tmp_path, store_uri, main, quick):
+    client = store.client_for(store_uri)
+    exp = store.get_or_create_experiment(client, "earlier", None)
+    run_id = client.create_run(exp).info.run_id  # RUNNING: its process died with the store down
+    folder = tmp_path / "ck" / "somehash" / run_id
+    left = journal.Journal(folder / journal.NAME, store_uri, run_id)
+    left.append({"op": "metrics", "items": [["train/loss", 0.5, 1000, 3]]})
+    left.append({"op": "tags", "items": [["note", "kept"]]})
+    left.append({"op": "end", "status": store.KILLED, "error": "interrupted", "time": 2000})
+    left._file.close()  # noqa: SLF001 - the process died: nothing acknowledged, nothing removed
+    ran = main(
+        "train", *quick, f"tracking.uri={store_uri}", f"trainer.checkpoint_dir={tmp_path / 'ck'}"
+    )
+    assert ran.code == 0, ran.err
+    assert f"wrote 3 records of run {run_id} that waited in {folder / journal.NAME}" in " ".join(
+        (ran.out + ran.err).split()
+    )
+    run = client.get_run(run_id)
+    assert run.info.status == store.KILLED and run.data.tags["note"] == "kept"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == [
+        (3, 0.5)
+    ]
+    assert not (folder / journal.NAME).exists()

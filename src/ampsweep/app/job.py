@@ -624,7 +624,8 @@ class Job:
                 f"included) wait in {self.recorder.journal.path}; `ampsweep repair` writes them "
                 "once it answers"
             )
-            outcome.exit_code = outcome.exit_code or EXIT_FAILED
+            outcome.status, outcome.exit_code = store.FAILED, outcome.exit_code or EXIT_FAILED
+            outcome.error = outcome.error or "the MLflow store is down: its records wait"
         return outcome
 
     def _own(self, folder: Path) -> None:

@@ -118,6 +118,8 @@ def apply(client, run_id: str, op: dict) -> None:
     elif kind == "end":
         if op.get("error"):
             client.set_tag(run_id, store.ERROR, op["error"])
+        elif store.ERROR in client.get_run(run_id).data.tags:  # an end said ahead of it
+            client.delete_tag(run_id, store.ERROR)
         client.set_terminated(run_id, status=op["status"], end_time=op.get("time"))
     else:
         raise ValueError(f"unknown journal record {kind!r}")

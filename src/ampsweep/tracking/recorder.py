@@ -460,8 +460,20 @@ class MlflowRecorder:
             self._retry_at = 0.0  # try the store once more now, down or not
             try:
                 self._drain()
+                if self.unsent:
+                    self._end_ahead(len(self.journal.pending))
             finally:
                 self.journal.close()  # removed when the store has all of it
+
+    def _end_ahead(self, waiting: int) -> None:
+        """The store took none of the end: try ending the run FAILED ahead of what waits
+        (a store that takes a status but not metrics must not leave the run RUNNING); the
+        journal's own end replaces it when the rest is written."""
+        why = (f"{waiting} records wait in {self.journal.path or 'memory'} (the store failed: "
+               f"{self.down}): `ampsweep repair` writes them and this run's real end")  # fmt: skip
+        with contextlib.suppress(Exception):
+            self.client.set_tag(self.run_id, store.ERROR, why[: store.MAX_TAG_CHARS])
+            self.client.set_terminated(self.run_id, status=store.FAILED)
 
     @property
     def unsent(self) -> int:
