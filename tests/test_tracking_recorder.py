@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from ampsweep.config.schema import TrackingConfig
 from ampsweep.tracking import journal, store
 from ampsweep.tracking.recorder import MlflowRecorder
@@ -41,9 +39,7 @@ def test_metrics_are_batched_and_written_at_flush(store_uri):
     assert client.get_run(rec.run_id).info.status == store.FINISHED
 
 
-def test_metrics_the_store_refuses_wait_in_the_journal_and_the_run_still_ends(
-    store_uri, tmp_path
-):
+def test_metrics_the_store_refuses_wait_in_the_journal_and_the_run_still_ends(store_uri, tmp_path):
     rec = recorder(store_uri, metrics_flush_every=1)
     path = tmp_path / "run" / journal.NAME
     rec.keep_journal(path)
