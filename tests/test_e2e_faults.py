@@ -288,3 +288,12 @@ def test_the_next_train_command_writes_a_journal_left_behind(tmp_path, store_uri
         (3, 0.5)
     ]
     assert not (folder / journal.NAME).exists()
+
+
+def test_sweeps_of_the_same_second_claim_distinct_folders(tmp_path):
+    from ampsweep.app.sweep import claim_dir
+
+    planned = tmp_path / "multirun" / "2026-12-01" / "12-00-00"
+    claimed = [claim_dir(planned) for _ in range(3)]
+    assert claimed == [planned, planned.with_name("12-00-00-2"), planned.with_name("12-00-00-3")]
+    assert all(p.is_dir() for p in claimed)
