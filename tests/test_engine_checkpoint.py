@@ -147,23 +147,31 @@ def test_resume_refuses_other_config_with_one_line(tmp_path):
     checkpoint.check(checkpoint.load(path), moved, path, str(path))
 
 
+def picked(cfg, choice: str, said: list | None = None) -> Path | None:
+    """The checkpoint ``trainer.resume=choice`` resumes (None: afresh), its lease let go."""
+    paths, _ = checkpoint.candidates(cfg, choice)
+    chosen = checkpoint.choose(paths, choice, (said if said is not None else []).append)
+    chosen.lease.release()
+    return chosen.path
+
+
 def test_resume_choices(tmp_path):
     cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
-    assert checkpoint.locate(cfg, "auto")[0] is None  # nothing yet: start afresh
+    assert picked(cfg, "auto") is None  # nothing yet: start afresh
     assert not checkpoint.is_path("0123abcd")  # a run id: the job looks it up in the store
     with pytest.raises(ConfigError, match="run 0123abcd has no checkpoint"):
-        checkpoint.newest_of_run("0123abcd", None)
+        checkpoint.candidates_of_run("0123abcd", None)
     with pytest.raises(ConfigError, match="no such file"):
-        checkpoint.locate(cfg, str(tmp_path / "nope.pt"))
+        checkpoint.candidates(cfg, str(tmp_path / "nope.pt"))
     folder = checkpoint.folder_for(cfg, "run1")
     ckpts = checkpoint.Checkpointer(folder, cfg, "run1")
     first = ckpts.save(train.build(cfg), loop.TrainState(step=1))
-    assert checkpoint.locate(cfg, "auto")[0] == first
-    assert checkpoint.locate(cfg, str(folder))[0] == first  # a folder: its newest
-    assert checkpoint.newest_of_run("run1", folder)[0] == first
+    assert picked(cfg, "auto") == first
+    assert picked(cfg, str(folder)) == first  # a folder: its newest
+    assert checkpoint.candidates_of_run("run1", folder) == [first]
     time.sleep(0.01)
     ckpts.save(train.build(cfg), loop.TrainState(step=2), complete=True)
-    assert checkpoint.locate(cfg, "auto")[0] is None  # newest ended its run
+    assert picked(cfg, "auto") is None  # newest ended its run
 
 
 # ---------------------------------------------------------------- every refusal, one line
@@ -208,7 +216,7 @@ def test_a_corrupt_file_is_refused(tmp_path, content):
     bad.write_bytes(content)
     message = refusal(lambda: checkpoint.load(bad))
     assert f"{bad} is not a readable ampsweep checkpoint" in message
-    assert "point trainer.resume at a step-N.pt file" in message
+    assert "resume from an earlier checkpoint" in message
 
 
 @pytest.mark.parametrize(
@@ -231,12 +239,12 @@ def test_a_checkpoint_holding_code_is_refused(tmp_path):
 def test_an_empty_folder_is_refused(tmp_path, saved):
     cfg, _, _ = saved
     (tmp_path / "empty").mkdir()
-    message = refusal(lambda: checkpoint.locate(cfg, str(tmp_path / "empty")))
+    message = refusal(lambda: checkpoint.candidates(cfg, str(tmp_path / "empty")))
     assert f"trainer.resume={tmp_path / 'empty'}: no step-*.pt checkpoint in" in message
 
 
 def test_a_run_whose_folder_holds_no_checkpoint_is_refused(tmp_path):
     (tmp_path / "run-folder").mkdir()
-    message = refusal(lambda: checkpoint.newest_of_run("abc123", tmp_path / "run-folder"))
+    message = refusal(lambda: checkpoint.candidates_of_run("abc123", tmp_path / "run-folder"))
     assert message.startswith("trainer.resume=abc123: run abc123 has no checkpoint")
     assert str(tmp_path / "run-folder") in message

@@ -27,10 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    from ampsweep.app import capacity, doctor, reproduce
+    from ampsweep.app import capacity, doctor, repair, reproduce
     from ampsweep.precision.modes import BASELINE
 
     reproduce.add_parser(sub)
+    repair.add_parser(sub)
     capacity.add_parser(sub)
     doctor.add_parser(sub)
     store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
@@ -112,6 +113,8 @@ def cmd_report(args) -> int:
         choices = ", ".join(MODES)
         console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {choices}")
         return 2
+    from ampsweep.tracking import store
+
     try:
         budget = capacity.parse_budget(args.memory_budget)
         client = _open_store(args.tracking_uri)
@@ -120,6 +123,12 @@ def cmd_report(args) -> int:
     except (sweeps.ReportError, ConfigError) as err:
         console.error(str(err))
         return 2
+    except Exception as err:  # the store itself failed: its one line, if it is one we know
+        known = store.fault(err, store.resolve_uri(args.tracking_uri), "--tracking-uri")
+        if known is None:
+            raise
+        console.error(str(known))
+        return 2 if isinstance(known, ConfigError) else 1
     for empty in passed_over:
         console.note(
             f"skipped the newer sweep {empty.info.run_name} ({empty.info.run_id}): it has no runs"

@@ -26,10 +26,11 @@ from pathlib import Path
 
 from ampsweep.app import console, estimate, slurm
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
-from ampsweep.config.schema import Config, ConfigError, Tracker
+from ampsweep.config.schema import Config, ConfigError, OnStoreFailure, Tracker
 from ampsweep.engine import distributed
+from ampsweep.engine.lease import NoLease
 from ampsweep.measure import contention, names
-from ampsweep.tracking import store
+from ampsweep.tracking import journal, store
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder, RunCloser
 from ampsweep.tracking.secrets import mask_text
 from ampsweep.tracking.sweep import SweepInfo, record_skip
@@ -242,6 +243,9 @@ class Job:
         self.stop = StopRequest(requeue)
         self.setup = None  # once built: what the run's end records of its numerics
         self.history: dict[str, list[tuple[int, float]]] = {}  # what training logged
+        self.lease = NoLease()  # on the run's checkpoint folder while this job trains it
+        self.uri = ""  # the MLflow store, once planned
+        self.store_failed: str | None = None  # why training stopped for the store
 
     # ---------------------------------------------------------------- the phases
 
@@ -253,17 +257,18 @@ class Job:
         except KeyboardInterrupt as err:
             outcome = self._stopped(err)
             # (SIGTERM first and the requeue signal just after is how some clusters preempt.)
-            if not self.stop.requeue:
+            if not self.stop.requeue and not self.store_failed:
                 self._done(outcome)
                 raise
         except Exception as err:  # every failure becomes one line and a FAILED run
             outcome = self._failed(err)
         finally:
             self.stop.uninstall()
+            self.lease.release()
         if outcome.status == store.KILLED and self.stop.requeue:
             outcome = self._requeue(outcome)  # exits here when submitit requeues the job
         self._done(outcome)
-        if self.stop.requested and not self.stop.requeue:
+        if self.stop.requested and not self.stop.requeue and not self.store_failed:
             # the signal came after the last step (it finished) or while the run's end was
             # recorded: stop here
             raise KeyboardInterrupt("a signal as the job ended")
@@ -273,12 +278,18 @@ class Job:
         """The run ends KILLED: interrupted, or (when SLURM is about to stop the job) until
         the requeued job resumes it from the checkpoint it just wrote."""
         why = f"interrupted ({err or 'KeyboardInterrupt'})"
+        code = EXIT_KILLED
+        if self.store_failed:
+            why = (f"stopped, the MLflow store failed ({self.store_failed}): {err}; resume "
+                   "with trainer.resume=auto")  # fmt: skip
+            code = EXIT_FAILED
         if self.stop.requeue:
             why = f"stopped for SLURM's requeue signal ({err}): requeued, resumes from there"
         with self.stop.deferred():  # one more signal must not leave the run RUNNING
             self.recorder.end(store.KILLED, error=why)
-        return JobOutcome(self.name, store.KILLED, self.recorder.run_id, error=why,
-                          exit_code=EXIT_KILLED)  # fmt: skip
+        outcome = JobOutcome(self.name, store.KILLED, self.recorder.run_id, error=why,
+                             exit_code=code)  # fmt: skip
+        return self._say_unsent(outcome)
 
     def _requeue(self, outcome: JobOutcome) -> JobOutcome:
         """Give the job back to submitit, which requeues it and exits this process. If it
@@ -346,7 +357,9 @@ class Job:
         if not self.tracked:
             return
         if ckpt and ckpt["run_id"]:
+            replay_left(Path(ckpt["path"]).parent, self.uri)  # an earlier outage's records
             self.recorder = self._reattach(ckpt, cfg)
+            self._keep_journal(cfg)
         else:
             from ampsweep.engine.checkpoint import config_hash
 
@@ -356,6 +369,7 @@ class Job:
             self.recorder = MlflowRecorder.start(
                 cfg.tracking, self.name, tags=tags, parent_run_id=parent, uri=self.uri
             )
+            self._keep_journal(cfg)
             self.recorder.log_params({**flatten(cfg), "world_size": self.rank.world_size})
             self.recorder.log_text(to_yaml(cfg), "config.yaml")
         if cfg.tracking.system_metrics:  # only rank 0 records: its sampler sees every GPU
@@ -382,6 +396,7 @@ class Job:
             folder = sharded.agreed_folder(folder)
         weights = sharded.in_file if sharded.wanted(cfg) else None
         if self.rank.is_main:
+            self._own(folder)
             checkpoints = checkpoint.Checkpointer(
                 folder, cfg, recorder.run_id, recorder.flush, mask=mask_text, weights=weights
             )
@@ -489,6 +504,7 @@ class Job:
                         f"(models:/{register}/{version})"
                     )
             recorder.end(store.FINISHED)
+            self._say_unsent(outcome)
         except Exception as err:
             message = f"could not record the trained model: {store.one_line(err)}"
             console.error(f"{outcome.name}: {message}")
@@ -550,6 +566,7 @@ class Job:
         self.command.outcomes.append(outcome)
 
     def _failed(self, err: Exception) -> JobOutcome:
+        err = (store.fault(err, self.uri) if self.uri else None) or err  # a store's one line
         message = store.one_line(err)
         # Under DDP every rank refuses a config alike: rank 0 says it once. Other failures
         # (a crash on one rank) are said by the rank that had them.
@@ -564,6 +581,7 @@ class Job:
                     if self.setup is not None:  # where the failure's first NaN began
                         self._record_numerics(self.setup, failed=True)
                     self.recorder.end(store.FAILED, error=message)
+                self._say_unsent(JobOutcome(self.name, store.FAILED))
             except Exception as end_err:  # the store itself failed: say so, once
                 console.error(f"could not record the failure in MLflow: {store.one_line(end_err)}")
         code = EXIT_CONFIG if isinstance(err, ConfigError) else EXIT_FAILED
@@ -604,19 +622,77 @@ class Job:
         run_id = None
         if choice and choice != "auto" and not checkpoint.is_path(choice):
             run_id = choice  # an MLflow run id: its checkpoint folder is one of its tags
-            path, line = checkpoint.newest_of_run(run_id, self._checkpoint_dir_of(run_id, cfg))
+            folder = self._checkpoint_dir_of(run_id, cfg)
+            paths, line = checkpoint.candidates_of_run(run_id, folder), ""
         else:
-            path, line = checkpoint.locate(cfg, choice)
-        if path is None:
-            if line and not implied:  # a fresh sweep job needs no word on it
+            paths, line = checkpoint.candidates(cfg, choice)
+        # rank 0 takes the lease on the run: no other process trains it meanwhile
+        picked = checkpoint.choose(paths, choice, console.note, claim=self.rank.is_main)
+        line = picked.line or line
+        if picked.ckpt is None:
+            if line and not (implied and not picked.line):  # a fresh sweep job: no word
                 console.console.print(line)
             return None
-        ckpt = checkpoint.load(path)
+        self.lease = picked.lease
+        ckpt = picked.ckpt
         # A refused checkpoint is refused before "resuming" is said.
-        checkpoint.check(ckpt, cfg, path, choice, run_id, mask=mask_text)
+        checkpoint.check(ckpt, cfg, picked.path, choice, run_id, mask=mask_text)
+        if run_id is not None:
+            line = f"resuming run {run_id} from {picked.path}"
         console.console.print(line)
-        ckpt["path"] = str(path)
+        ckpt["path"] = str(picked.path)
         return ckpt
+
+    def _keep_journal(self, cfg: Config) -> None:
+        """The run's records go to a journal in its checkpoint folder (held by this job's
+        lease) before the store; a store outage is said once, and stops training if asked."""
+        from ampsweep.engine.checkpoint import folder_for
+
+        folder = folder_for(cfg, self.recorder.run_id)
+        self._own(folder)
+        self.recorder.keep_journal(folder / journal.NAME)
+        self.recorder.on_down = partial(self._store_down, cfg.tracking.on_store_failure)
+
+    def _store_down(self, policy: OnStoreFailure, why: str) -> None:
+        kept = f"its records wait in {self.recorder.journal.path}"
+        if policy == OnStoreFailure.stop:
+            self.store_failed = why
+            self.stop.requested = True  # the loop checkpoints at the next step and stops
+            console.error(f"{self.name}: {why}; {kept}; stopping after this step, with a "
+                          "checkpoint (tracking.on_store_failure=stop)")  # fmt: skip
+            return
+        console.error(f"{self.name}: {why}; training goes on, {kept} until it answers "
+                      "(tracking.on_store_failure=stop stops instead)")  # fmt: skip
+
+    def _say_unsent(self, outcome: JobOutcome) -> JobOutcome:
+        """After the run's end: if the store is still down, say where its records wait."""
+        if self.recorder.unsent:
+            console.error(
+                f"{self.name}: the MLflow store {store.describe(self.uri)} is still down: "
+                f"{self.recorder.unsent} records of run {self.recorder.run_id} (its end "
+                f"included) wait in {self.recorder.journal.path}; `ampsweep repair` writes them "
+                "once it answers"
+            )
+            outcome.status, outcome.exit_code = store.FAILED, outcome.exit_code or EXIT_FAILED
+            outcome.error = outcome.error or "the MLflow store is down: its records wait"
+        return outcome
+
+    def _own(self, folder: Path) -> None:
+        """Hold the lease on the folder this run's checkpoints go to (a resumed run holds
+        it already, unless its checkpoint came from elsewhere)."""
+        from ampsweep.engine import lease
+
+        if self.lease.folder == folder:
+            return
+        try:
+            held = lease.take(folder)
+        except lease.Owned as owned:
+            raise ConfigError(
+                f"trainer.checkpoint_dir: {owned}: another process trains this run; start a "
+                "new run (drop trainer.resume)"
+            ) from None
+        self.lease.release()
+        self.lease = held
 
     def _checkpoint_dir_of(self, run_id: str, cfg: Config) -> Path | None:
         if cfg.tracking.backend != Tracker.mlflow:
@@ -664,9 +740,16 @@ class Job:
             tags[store.PARENT] = self.sweep.parent_run_id
         tags.update(_cluster_job_tag())  # a requeued or relaunched SLURM job continues it
         old_error = run.data.tags.get(store.ERROR)
+        gone = self.lease.previous  # the owner before us died holding the run
+        if gone is not None and not old_error:
+            old_error = (f"its process ({gone.describe()}) ended without ending the run "
+                         "(killed, or its machine lost)")  # fmt: skip
+            tags[store.ENDED_BY] = f"pid {os.getpid()} on {socket.gethostname()}, resuming it"
         if old_error:  # the run is alive again: keep why it stopped, under another name
             tags[store.PREVIOUS_ERROR] = old_error
-            recorder.client.delete_tag(run_id, store.ERROR)
+            with contextlib.suppress(Exception):  # (no error tag: nothing to delete)
+                recorder.client.delete_tag(run_id, store.ERROR)
+        tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
         recorder.set_tags(tags)
         return recorder
 
@@ -711,6 +794,16 @@ def _cluster_job_tag() -> dict[str, str]:
     of, if the job dies without ending it), and what ``sacct -j`` or ``scontrol`` take."""
     job_id = slurm.job_id_from_env()
     return {store.CLUSTER_JOB: job_id} if job_id else {}
+
+
+def replay_left(folder: Path, uri: str) -> None:
+    """Write the journal an earlier owner of the run left in ``folder`` (the store was down
+    when it ended or died) into the store, before the run is continued."""
+    path = folder / journal.NAME
+    if path.is_file():
+        run_id, n = journal.replay(path, store.client_for(uri))
+        if n:
+            console.note(f"wrote {n} records of run {run_id} that waited in {path}")
 
 
 def _drop_unused_run_dir(ctx: JobContext) -> None:

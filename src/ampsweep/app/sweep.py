@@ -8,6 +8,7 @@ it to the parent.
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from datetime import datetime
 from pathlib import Path
@@ -30,8 +31,25 @@ def plan_dir(
 
     cfg = compose(first_job, conf, config_name, return_hydra_config=True, search=search or ())
     sweep_dir = Path(cfg.hydra.sweep.dir).resolve()
+    if not any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in first_job):
+        sweep_dir = claim_dir(sweep_dir)  # the default (named by the second) is this sweep's
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
     return sweep_dir, choices.get("experiment") or "sweep"
+
+
+def claim_dir(sweep_dir: Path) -> Path:
+    """``sweep_dir``, or ``<sweep_dir>-2``, ``-3``... when another sweep started in the same
+    second took it: created here, and ``mkdir`` either creates a folder or fails, so two
+    sweeps never share one."""
+    sweep_dir.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = sweep_dir if n == 1 else sweep_dir.with_name(f"{sweep_dir.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def begin(configs: list[Config], args: list[str], sweep_dir: Path, label: str) -> SweepInfo | None:

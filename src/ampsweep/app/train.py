@@ -15,6 +15,7 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
 from ampsweep.config.schema import Config, ConfigError, Tracker
+from ampsweep.errors import FaultError
 from ampsweep.tracking.recorder import RunCloser
 
 HYDRA_FLAGS_WITH_VALUE = {
@@ -227,7 +228,9 @@ def validate(
 ) -> tuple[int, list[Config]]:
     """Compose and check every job of the command before anything runs; open (create or
     migrate) each MLflow store once, here, before jobs in other processes write to it."""
+    from ampsweep.app.repair import replay_journals
     from ampsweep.config.compose import validate_command
+    from ampsweep.engine.checkpoint import root_of
     from ampsweep.tracking import store
 
     try:
@@ -245,9 +248,15 @@ def validate(
         for uri, key in sorted(stores.items()) if record else []:
             store.check(uri, key)  # an unreachable server fails here, before training
             store.prepare(uri)
+            roots = [root_of(c) for c in configs if store.resolve_uri(c.tracking.uri) == uri]
+            for line in replay_journals(uri, roots):  # what an outage kept, written now
+                console.note(line)
     except ConfigError as err:
         console.error(str(err))
         return 2, []
+    except FaultError as err:  # the store cannot be written (locked, full)
+        console.error(str(err))
+        return 1, []
     return 0, configs
 
 

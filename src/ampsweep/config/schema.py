@@ -209,6 +209,14 @@ class Tracker(Enum):
     none = "none"
 
 
+class OnStoreFailure(Enum):
+    """What training does when the MLflow store stops answering (its records wait in the
+    run's journal either way): go on, or write a checkpoint and stop."""
+
+    train_on = "train_on"
+    stop = "stop"
+
+
 @dataclass
 class TrackingConfig:
     backend: Tracker = Tracker.mlflow  # none: record nothing
@@ -230,6 +238,9 @@ class TrackingConfig:
     # metrics, sampled every system_metrics_interval seconds on a background thread.
     system_metrics: bool = True
     system_metrics_interval: float = 2.0  # seconds between system metric samples
+    # The store failing for longer than MLflow retries: train on (metrics, tags and the run's
+    # end wait in the run's journal, written when the store answers again) or stop.
+    on_store_failure: OnStoreFailure = OnStoreFailure.train_on
 
 
 @dataclass

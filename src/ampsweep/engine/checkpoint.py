@@ -9,7 +9,12 @@ the loop has not logged yet, the MLflow run id, and the config with its hash.
 Everything is stored as tensors and plain Python values, so it loads with
 ``torch.load(weights_only=True)``: a checkpoint is data, never code. Files are written to a
 temporary name and renamed (``os.replace`` is atomic), so a kill never leaves a half-written
-checkpoint under the real name.
+checkpoint under the real name; a failed write (a full disk) removes the temporary file.
+
+A checkpoint proves itself: it carries a SHA-256 digest of every tensor and value it holds
+(``digest``), which loading recomputes, so a file whose bytes were overwritten (same size) or
+cut short is refused as damaged, and resuming falls back to the newest good checkpoint of the
+run rather than training on from damaged weights.
 
 Where: ``<trainer.checkpoint_dir or outputs/checkpoints>/<config hash>/<run id>/step-N.pt``.
 Keying the folder by the config hash lets ``trainer.resume=auto`` find the newest checkpoint of
@@ -18,12 +23,13 @@ the same config after a relaunch, and lets sweep jobs with different configs nev
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -32,8 +38,10 @@ import torch
 
 from ampsweep.config.compose import flatten
 from ampsweep.config.schema import Config, ConfigError
-from ampsweep.engine import distributed, sharded
+from ampsweep.engine import distributed, lease, sharded
+from ampsweep.engine.lease import Lease, NoLease
 from ampsweep.engine.loop import TrainState
+from ampsweep.errors import FaultError
 
 FORMAT = 1
 DEFAULT_ROOT = Path("outputs") / "checkpoints"
@@ -57,6 +65,7 @@ NOT_HASHED = (
     "tracking.register_model",
     "tracking.system_metrics",
     "tracking.system_metrics_interval",
+    "tracking.on_store_failure",
 )
 
 
@@ -132,6 +141,50 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# ---------------------------------------------------------------- the digest
+
+
+DIGEST = "digest"  # the payload's key holding the digest of everything else in it
+
+
+# Added on load, not written: where the file was read from (engine.sharded finds the DCP folder
+# beside it), so the digest leaves it out.
+LOADED_FROM = "loaded_from"
+
+
+def digest(payload: dict) -> str:
+    """SHA-256 of a checkpoint's contents: every tensor's name, dtype, shape and bytes, and
+    every other value's name and repr, in a fixed order (a dict's keys sorted)."""
+    h = hashlib.sha256()
+    _feed(h, "", {k: v for k, v in payload.items() if k not in (DIGEST, LOADED_FROM)})
+    return h.hexdigest()
+
+
+def _feed(h, name: str, value) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, any dtype
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            _feed(h, f"{name}/{key}", value[key])
+    elif isinstance(value, list | tuple):  # (a tuple may load back as a list)
+        h.update(f"{name}:[{len(value)}]\n".encode())
+        for i, item in enumerate(value):
+            _feed(h, f"{name}[{i}]", item)
+    else:
+        h.update(f"{name}={value!r}\n".encode())
+
+
+class DamagedCheckpoint(ConfigError):
+    """A checkpoint file that cannot be trusted: unreadable, cut short, or its contents no
+    longer match its digest (``why``: which, as a clause after the file's name)."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"trainer.resume: {path} {why}: resume from an earlier checkpoint")
+        self.path, self.why = path, why
+
+
 # ---------------------------------------------------------------- writing
 
 
@@ -181,9 +234,8 @@ class Checkpointer:
             "rng": rng_state(),
             "saved_at": datetime.now().isoformat(timespec="seconds"),
         }
-        tmp = self.folder / f".{target.name}.{os.getpid()}.tmp"
-        torch.save(payload, tmp)
-        os.replace(tmp, target)  # atomic: readers see the old file set or the new one
+        payload[DIGEST] = digest(payload)
+        write(payload, target)  # atomic: readers see the old file set or the new one
         self.last = target
         self._prune()
         return target
@@ -202,6 +254,55 @@ def whole_weights(setup, target: Path) -> dict:
     }
 
 
+def write(payload: dict, target: Path) -> None:
+    """Write to a temporary file, then rename it (atomic: readers see the old set of files or
+    the new one); on any failure the temporary file is removed, and a full disk is one line."""
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, target)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if _disk_full(err):
+            mib = sum(_nbytes(v) for v in payload.values()) / 2**20
+            raise FaultError(
+                f"no space left on {_device_of(target.parent)} for the checkpoint of "
+                f"{mib:.0f} MiB: free space or set trainer.checkpoint_dir"
+            ) from None
+        raise
+
+
+def _disk_full(err: BaseException) -> bool:
+    """ENOSPC (or EDQUOT) from the write, also as torch's C++ writer reports it (a
+    RuntimeError whose text holds the errno's message)."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and (
+        os.strerror(errno.ENOSPC) in text or os.strerror(errno.EDQUOT) in text
+    )
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _device_of(folder: Path) -> str:
+    """The mount point holding ``folder`` (what ``df`` would name), else the folder."""
+    path = folder.resolve()
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return str(path)
+
+
 def checkpoints_in(folder: Path) -> list[Path]:
     """Checkpoints of one run folder, oldest first (by step)."""
     return sorted(folder.glob("step-*.pt"))
@@ -211,21 +312,42 @@ def checkpoints_in(folder: Path) -> list[Path]:
 
 
 def load(path: Path) -> dict:
-    """Read a checkpoint as data only (weights_only=True: no pickled code runs)."""
+    """Read a checkpoint as data only (weights_only=True: no pickled code runs) and verify
+    its digest; a file that fails either is a DamagedCheckpoint."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ConfigError(
-            f"trainer.resume: {path} is not a readable ampsweep checkpoint "
-            f"({type(err).__name__}): point trainer.resume at a step-N.pt file"
-        ) from None
+        size = path.stat().st_size if path.is_file() else 0
+        why = f"is not a readable ampsweep checkpoint ({type(err).__name__}, {size:,} bytes)"
+        raise DamagedCheckpoint(path, why) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ConfigError(
             f"trainer.resume: {path} is not an ampsweep checkpoint of format {FORMAT}: "
             "point trainer.resume at a step-N.pt file written by ampsweep"
         )
-    ckpt["loaded_from"] = str(path)  # a sharded checkpoint's DCP folder lies beside it
+    # (a checkpoint written before checkpoints carried a digest loads unverified)
+    if DIGEST in ckpt and digest(ckpt) != ckpt[DIGEST]:
+        why = "is damaged: its contents no longer match its digest (bytes changed on disk)"
+        raise DamagedCheckpoint(path, why)
+    ckpt[LOADED_FROM] = str(path)  # a sharded checkpoint's DCP folder lies beside it
     return ckpt
+
+
+def first_good(paths: list[Path], say: Callable[[str], None]) -> tuple[Path, dict] | None:
+    """The first of ``paths`` (newest first) that loads and verifies, with its contents;
+    each damaged one before it is skipped with a line said through ``say``."""
+    for i, path in enumerate(paths):
+        try:
+            return path, load(path)
+        except DamagedCheckpoint as err:
+            rest = paths[i + 1 :]
+            then = f"falling back to {rest[0].name}" if rest else "no earlier checkpoint"
+            say(f"{err.path} {err.why}: {then}")
+    return None
+
+
+def newest_first(paths: list[Path]) -> list[Path]:
+    return sorted(paths, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
 
 
 def newest(paths: list[Path]) -> Path | None:
@@ -237,51 +359,119 @@ def is_path(choice: str) -> bool:
     return Path(choice).expanduser().exists() or "/" in choice or choice.endswith(".pt")
 
 
-def locate(cfg: Config, choice: str | None) -> tuple[Path | None, str]:
-    """The checkpoint ``choice`` (``trainer.resume``: ``auto`` or a path) names, and a line
-    saying what was found. (A run id is looked up in the store by the caller, which then
-    asks ``newest_of_run`` for the run's folder.)
+def candidates(cfg: Config, choice: str | None) -> tuple[list[Path], str]:
+    """The checkpoints ``choice`` (``trainer.resume``: ``auto`` or a path) names, newest
+    first, and the line to say when there are none. (A run id is looked up in the store by
+    the caller, which then asks ``candidates_of_run`` for the run's folder.)
 
-    ``auto``: the newest checkpoint of this config under the checkpoint root, unless that one
-    marks the end of a run (then there is nothing to resume and training starts afresh).
-    A path: that file, or the newest checkpoint in that folder.
+    ``auto``: every checkpoint of this config under the checkpoint root (``choose`` stops at
+    the end of a run: then training starts afresh). A folder: its checkpoints. A file: it.
     """
     if not choice:
-        return None, ""
+        return [], ""
     if choice == "auto":
         folder = root_of(cfg) / config_hash(cfg)
-        found = newest(list(folder.glob("*/step-*.pt")))
-        if found is None:
-            return None, f"trainer.resume=auto: no checkpoint under {folder}, starting afresh"
-        if found.name.endswith(END_SUFFIX):
-            return None, f"trainer.resume=auto: {found} ended its run, starting afresh"
-        return found, f"resuming from {found}"
+        found = newest_first(list(folder.glob("*/step-*.pt")))
+        return found, f"trainer.resume=auto: no checkpoint under {folder}, starting afresh"
     path = Path(choice).expanduser().resolve()
     if path.is_dir():
-        found = newest(checkpoints_in(path))
-        if found is None:
+        found = newest_first(checkpoints_in(path))
+        if not found:
             raise ConfigError(
                 f"trainer.resume={choice}: no step-*.pt checkpoint in {path}: "
                 "point it at a checkpoint file or a run's checkpoint folder"
             )
-        path = found
+        return found, ""
     if not path.is_file():
         raise ConfigError(
             f"trainer.resume={choice}: no such file ({path}): give an existing checkpoint, "
             "a run id, or auto"
         )
-    return path, f"resuming from {path}"
+    return [path], ""
 
 
-def newest_of_run(run_id: str, folder: Path | None) -> tuple[Path, str]:
-    """The newest checkpoint in the folder a run recorded (its ``checkpoint_dir`` tag)."""
-    found = newest(checkpoints_in(folder)) if folder and folder.is_dir() else None
-    if found is None:
+def candidates_of_run(run_id: str, folder: Path | None) -> list[Path]:
+    """The checkpoints in the folder a run recorded (its ``checkpoint_dir`` tag), newest
+    first."""
+    found = newest_first(checkpoints_in(folder)) if folder and folder.is_dir() else []
+    if not found:
         raise ConfigError(
             f"trainer.resume={run_id}: run {run_id} has no checkpoint "
             f"(looked in {folder or 'nowhere: the run has no checkpoint_dir tag'})"
         )
-    return found, f"resuming run {run_id} from {found}"
+    return found
+
+
+@dataclass
+class Choice:
+    """The checkpoint to resume (None: start afresh), its contents, the lease on its run's
+    folder (held: no other process trains that run meanwhile), and the line to say."""
+
+    path: Path | None = None
+    ckpt: dict | None = None
+    lease: Lease | NoLease = field(default_factory=NoLease)
+    line: str = ""
+
+
+def choose(
+    paths: list[Path], choice: str, say: Callable[[str], None], claim: bool = True
+) -> Choice:
+    """The newest of ``paths`` (newest first) that is free, undamaged and not the end of
+    its run, with the lease on its folder.
+
+    ``auto`` skips a run another live process trains (it keeps its run; this job starts its
+    own) and a damaged checkpoint (said through ``say``), falling back to the next; it starts
+    afresh at the end of a run. A path or run id names one run: a live owner or no undamaged
+    checkpoint is refused in one line, never trained on. ``claim`` False (a DDP rank other
+    than 0, whose rank 0 holds the lease): no lease is taken."""
+    auto = choice == "auto"
+    leases: dict[Path, Lease | NoLease] = {}
+    busy, damaged = set(), []
+
+    def release_all(keep: Path | None = None) -> None:
+        for folder, held in leases.items():
+            if folder != keep:
+                held.release()
+
+    for path in paths:
+        folder = path.parent
+        if folder in busy:
+            continue
+        if folder not in leases:
+            try:
+                leases[folder] = lease.take(folder) if claim else NoLease()
+            except lease.Owned as owned:
+                who = owned.owner.describe() if owned.owner else "another process"
+                if not auto:
+                    release_all()
+                    raise ConfigError(
+                        f"trainer.resume={choice}: the run of {path} is being trained by "
+                        f"{who}: wait for it to end, or drop trainer.resume to start a new run"
+                    ) from None
+                busy.add(folder)
+                say(f"trainer.resume=auto: run {folder.name} is being trained by {who}: "
+                    "leaving it to that process")  # fmt: skip
+                continue
+        if auto and path.name.endswith(END_SUFFIX):
+            release_all()
+            return Choice(line=f"trainer.resume=auto: {path} ended its run, starting afresh")
+        try:
+            ckpt = load(path)
+        except DamagedCheckpoint as err:
+            damaged.append(err)
+            say(f"{err.path} {err.why}: not resuming from it")
+            continue
+        release_all(keep=folder)
+        return Choice(path, ckpt, leases[folder], f"resuming from {path}")
+    release_all()
+    if damaged and not auto:
+        raise ConfigError(
+            f"trainer.resume={choice}: no undamaged checkpoint ({len(damaged)} damaged, the "
+            f"newest {damaged[0].path}): drop trainer.resume to start a new run"
+        )
+    if damaged or busy:
+        return Choice(line="trainer.resume=auto: no free, undamaged checkpoint: starting afresh")
+    return Choice()
 
 
 def check(

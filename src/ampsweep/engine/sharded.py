@@ -269,7 +269,8 @@ def _barrier(dist) -> None:
 
 
 def shards_of(ckpt: dict) -> Path:
-    """The DCP folder a sharded checkpoint file names (beside the file it was loaded from)."""
+    """The DCP folder a sharded checkpoint file names (beside the file it was loaded from:
+    checkpoint.LOADED_FROM, which checkpoint.load adds; that module imports this one)."""
     return Path(ckpt["loaded_from"]).parent / ckpt["sharded"]
 
 

@@ -26,13 +26,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from ampsweep.config.schema import TrackingConfig
-from ampsweep.tracking import store
+from ampsweep.tracking import journal, store
+from ampsweep.tracking.journal import Journal
 from ampsweep.tracking.secrets import mask_text, mask_values, masked_copy, secret_values
+
+RETRY_S = 15.0  # while the store is down, how often a write tries it again
 
 
 class NullRecorder:
@@ -50,7 +52,12 @@ class NullRecorder:
     def start_system_metrics(self, interval: float) -> None: ...
     def stop_system_metrics(self) -> None: ...
     def flush(self) -> None: ...
+    def keep_journal(self, path: Path) -> None: ...
     def end(self, status: str, error: str | None = None) -> None: ...
+
+    down: str | None = None
+    on_down = None
+    unsent = 0
 
 
 class DataInput(Protocol):
@@ -109,6 +116,12 @@ class MlflowRecorder:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ampsweep-metrics")
         self._logged: set[tuple[str, int]] = set()  # (key, step) already in the store (resume)
         self.ended = False
+        # What is sent goes to the journal first; a store outage leaves it waiting there.
+        self.journal = Journal()
+        self.down: str | None = None  # the store's failure, while it does not answer
+        self.on_down: Callable[[str], None] | None = None  # told once per outage
+        self._retry_at = 0.0
+        self._sending = threading.Lock()
 
     @classmethod
     def start(
@@ -169,14 +182,14 @@ class MlflowRecorder:
         items = [Param(k, v[:6000]) for k, v in mask_values(params).items()]
         self._params.update((p.key, p.value) for p in items)
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
+            self._send({"op": "params", "items": [(p.key, p.value) for p in items[i : i + 100]]})
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         items = [RunTag(k, v[: store.MAX_TAG_CHARS]) for k, v in mask_values(tags).items()]
         for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, tags=items[i : i + 100])
+            self._send({"op": "tags", "items": [(t.key, t.value) for t in items[i : i + 100]]})
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -202,16 +215,54 @@ class MlflowRecorder:
         self._last_write = time.monotonic()
         while self._buffer:
             chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
-            write = partial(self.client.log_batch, self.run_id, metrics=chunk, synchronous=True)
-            self._pending.append(self._writer.submit(write))
+            items = [(m.key, m.value, m.timestamp, m.step) for m in chunk]
+            self.journal.append({"op": "metrics", "items": items})
+            self._pending.append(self._writer.submit(self._drain))
 
     def flush(self) -> None:
-        """Write what is buffered and wait for every asynchronous write to land."""
+        """Write what is buffered and wait for every asynchronous write to land (or, while
+        the store does not answer, to wait in the journal)."""
         with self._lock:
             self._write()
             pending, self._pending = self._pending, []
         for op in pending:
             op.result()  # re-raises a failed write here, in the calling thread
+
+    # ------------------------------------------------------------ the journal
+
+    def keep_journal(self, path: Path) -> None:
+        """Keep the journal in ``path`` (the run's folder) from now on."""
+        self.journal.keep_in(path, self.uri, self.run_id)
+
+    def _send(self, op: dict) -> None:
+        self.journal.append(op)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Write every waiting journal record, in order, until the store fails: then it is
+        down (the records wait), and tried again after ``RETRY_S``. A record the store
+        refuses for another reason (a bad value) is dropped and the error raised."""
+        with self._sending:
+            if self.down and time.monotonic() < self._retry_at:
+                return
+            for seq, op in self.journal.waiting():
+                try:
+                    journal.apply(self.client, self.run_id, op)
+                except Exception as err:
+                    known = store.fault(err, self.uri)
+                    if known is None:
+                        self.journal.ack(seq)
+                        raise
+                    self._went_down(str(known))
+                    return
+                self.journal.ack(seq)
+            self.down = None
+
+    def _went_down(self, why: str) -> None:
+        self._retry_at = time.monotonic() + RETRY_S
+        first, self.down = self.down is None, why
+        if first and self.on_down is not None:
+            self.on_down(why)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file or a folder, with every secret in its text masked first."""
@@ -401,11 +452,33 @@ class MlflowRecorder:
             raise
         finally:
             self._writer.shutdown(wait=True)
+            # The end goes to the journal like the rest: a store that is down when the run
+            # ends gets it (and everything before it) when it answers again.
+            error = error and mask_text(error)[: store.MAX_TAG_CHARS]
+            end = {"op": "end", "status": status, "error": error, "time": int(time.time() * 1000)}
+            self.journal.append(end)
+            self._retry_at = 0.0  # try the store once more now, down or not
             try:
-                if error:
-                    self.set_tags({store.ERROR: error})
-            finally:  # whatever the store said to the tag, the run is ended
-                self.client.set_terminated(self.run_id, status=status)
+                self._drain()
+                if self.unsent:
+                    self._end_ahead(len(self.journal.pending))
+            finally:
+                self.journal.close()  # removed when the store has all of it
+
+    def _end_ahead(self, waiting: int) -> None:
+        """The store took none of the end: try ending the run FAILED ahead of what waits
+        (a store that takes a status but not metrics must not leave the run RUNNING); the
+        journal's own end replaces it when the rest is written."""
+        why = (f"{waiting} records wait in {self.journal.path or 'memory'} (the store failed: "
+               f"{self.down}): `ampsweep repair` writes them and this run's real end")  # fmt: skip
+        with contextlib.suppress(Exception):
+            self.client.set_tag(self.run_id, store.ERROR, why[: store.MAX_TAG_CHARS])
+            self.client.set_terminated(self.run_id, status=store.FAILED)
+
+    @property
+    def unsent(self) -> int:
+        """Records waiting in the journal for the store (0: the store has everything)."""
+        return len(self.journal.pending)
 
 
 # ---------------------------------------------------------------- the model's files

@@ -7,6 +7,7 @@ so the recorder, sweeps, the report, ``ui`` and ``reproduce`` agree on them.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import urllib.error
@@ -14,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from ampsweep.config.schema import ConfigError, TrackingConfig
+from ampsweep.errors import FaultError
 
 DEFAULT_STORE = Path("outputs") / "mlflow.db"
 MAX_TAG_CHARS = 5000
@@ -121,8 +123,20 @@ def check(uri: str, key: str = "tracking.uri") -> None:
                 f"{key}={uri}: cannot open the MLflow store, folder {path.parent} does not exist: "
                 "create it, or leave tracking.uri unset for outputs/mlflow.db"
             )
+        if path.is_dir():
+            raise ConfigError(
+                f"{key}={uri}: {path} is a folder, not an MLflow store: point tracking.uri at "
+                "a .db file (e.g. sqlite:///" + f"{path / 'mlflow.db'})"
+            )
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise ConfigError(f"{key}={uri}: {path} is not readable and writable: fix its mode")
+        if not os.access(path.parent, os.W_OK):  # SQLite writes its journal beside the file
+            raise ConfigError(
+                f"{key}={uri}: the MLflow store's folder {path.parent} is not writable: fix its "
+                "permissions, or set tracking.uri to a store in a writable folder"
+            )
+        if not is_sqlite_file(path):
+            raise ConfigError(not_a_database(key, uri, path))
         return
     if uri.startswith(("http://", "https://")):
         try:
@@ -138,6 +152,69 @@ def check(uri: str, key: str = "tracking.uri") -> None:
             f"{key}={uri}: MLflow 3 no longer writes plain-folder stores: use a database, "
             "e.g. tracking.uri=sqlite:////abs/path/mlflow.db, or an http:// server"
         )
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def is_sqlite_file(path: Path) -> bool:
+    """Whether ``path`` is a SQLite database, or nothing yet (absent or empty: MLflow creates
+    its tables there)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return True
+    with path.open("rb") as f:
+        return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+
+
+def not_a_database(key: str, uri: str, path: Path) -> str:
+    return (
+        f"{key}={uri}: {path} is not an MLflow store (not a SQLite database): point "
+        "tracking.uri at another file, or move this one away"
+    )
+
+
+def fault(err: BaseException, uri: str, key: str = "tracking.uri") -> Exception | None:
+    """The one line for a store that failed under MLflow (SQLAlchemy's or the server's error
+    text), naming the store and the fix; None if ``err`` is no store failure we know."""
+    text = str(err)
+    where = describe(uri)
+    if "file is not a database" in text or "file is encrypted" in text:
+        return ConfigError(not_a_database(key, uri, sqlite_path(uri) or Path(where)))
+    if "database is locked" in text:
+        return FaultError(
+            f"the MLflow store {where} stayed locked by another process for longer than "
+            "SQLite waits: retry when that process is done, or use a tracking server "
+            "for many writers (ampsweep ui --team)"
+        )
+    if "readonly database" in text or "unable to open database file" in text:
+        return FaultError(
+            f"the MLflow store {where} cannot be written (the file or its folder is read-only "
+            "or gone): fix their permissions, or set tracking.uri to a writable store"
+        )
+    if "database or disk is full" in text or os.strerror(errno.ENOSPC) in text:
+        folder = (sqlite_path(uri) or Path(".")).parent
+        return FaultError(
+            f"no space left on {mount_of(folder)} for the MLflow store {where}: free space, "
+            "or set tracking.uri to a store on another disk"
+        )
+    if uri.startswith(("http://", "https://")) and (
+        "Max retries exceeded" in text or "Connection refused" in text
+    ):
+        return FaultError(
+            f"the MLflow server {uri} stopped answering ({type(err).__name__}): restart it; "
+            "`ampsweep repair` then writes what it missed"
+        )
+    return None
+
+
+def mount_of(folder: Path) -> str:
+    """The mount point holding ``folder`` (what ``df`` names)."""
+    path = Path(os.path.abspath(folder))
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return str(path)
 
 
 def prepare(uri: str) -> None:
@@ -157,6 +234,8 @@ def prepare(uri: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             client_for(uri).search_experiments(max_results=1)  # opens (creates) the store
+        except Exception as err:
+            raise fault(err, uri) or err from None
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -169,6 +248,8 @@ def client_for(uri: str):
     # MLflow logs store creation and migrations at INFO on the console; ampsweep says what
     # matters itself.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # A store that fails is said in one line (``fault``), not as MLflow's logged traceback.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return MlflowClient(tracking_uri=uri)
 
 
@@ -298,6 +379,6 @@ def lost_a_race(err: BaseException) -> bool:
 def one_line(err: BaseException) -> str:
     """An exception as the one line recorded in the ``error`` tag and printed."""
     text = " ".join(str(err).split()) or type(err).__name__
-    if not isinstance(err, ConfigError):
+    if not isinstance(err, ConfigError | FaultError):
         text = f"{type(err).__name__}: {text}"
     return text[:MAX_TAG_CHARS]

@@ -115,7 +115,7 @@ def end_orphaned_sweeps(client, experiment_id: str) -> list[str]:
 def _gone(tags: dict[str, str], host_tag: str, pid_tag: str) -> bool:
     """Whether the process a run records (host and pid) ran here and no longer exists."""
     pid = tags.get(pid_tag, "")
-    return tags.get(host_tag) == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+    return tags.get(host_tag) == socket.gethostname() and pid.isdigit() and not alive(int(pid))
 
 
 def _end_killed(client, run_id: str, why: str) -> None:
@@ -123,7 +123,7 @@ def _end_killed(client, run_id: str, why: str) -> None:
     client.set_terminated(run_id, status=store.KILLED)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:

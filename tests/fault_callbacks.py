@@ -1,0 +1,65 @@
+"""Callbacks that inject the faults of a shared machine into a real ``ampsweep train`` process
+(named in ``trainer.callbacks``; ``conftest.callback_env`` puts this folder on the path)."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ampsweep.engine.loop import Callback
+
+HOLD = """
+import sqlite3, sys, time, pathlib
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
+c.execute("BEGIN EXCLUSIVE")
+pathlib.Path(sys.argv[2]).write_text("locked")
+deadline = time.monotonic() + float(sys.argv[4])
+while not pathlib.Path(sys.argv[3]).exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+c.execute("ROLLBACK")
+"""
+
+
+class LockStore(Callback):
+    """The SQLite store locked by another process from step ``start`` until step ``end``, or
+    for ``hold`` seconds at most (an exclusive transaction: every write of the run fails with
+    "database is locked" after SQLite's wait), as a long backup or a stuck writer does."""
+
+    def __init__(self, db: str, start: int, end: int = 0, hold: float = 600.0):
+        self.db, self.start, self.end, self.hold = db, start, end, hold
+        self.proc = None
+        self.flag = Path(db).with_suffix(".unlock")
+
+    def after_step(self, state) -> None:
+        if state.step == self.start:
+            locked = Path(self.db).with_suffix(".locked")
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", HOLD, self.db, str(locked), str(self.flag), str(self.hold)]
+            )
+            while not locked.exists():
+                time.sleep(0.05)
+        if state.step == self.end and self.proc is not None:
+            self.flag.write_text("go")
+            self.proc.wait()
+
+
+class DiskFull(Callback):
+    """Every checkpoint write from step ``step`` on fails as on a full disk (ENOSPC, after
+    part of the file was written)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.real = torch.save
+
+    def after_step(self, state) -> None:
+        if state.step == self.step - 1:
+            torch.save = self._full
+
+    def _full(self, obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"partial checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
