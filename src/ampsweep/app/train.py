@@ -16,6 +16,7 @@ from ampsweep.app import console, trust
 from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.tracking.recorder import RunCloser
+from ampsweep.tracking.secrets import refuse_in_name
 
 HYDRA_FLAGS_WITH_VALUE = {
     "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -294,6 +295,9 @@ def validate(
 
     try:
         configs = validate_command(overrides, multirun, conf, name, search or ())
+        refused = {refuse_in_name("tracking.experiment", c.tracking.experiment) for c in configs}
+        if refused - {None}:
+            raise ConfigError(sorted(refused - {None})[0])
         from ampsweep.engine import components  # torch: only once the shared keys are good
         from ampsweep.engine.build import preflight
 
