@@ -291,7 +291,7 @@ def validate(
     """Compose and check every job of the command before anything runs; open (create or
     migrate) each MLflow store once, here, before jobs in other processes write to it."""
     from ampsweep.config.compose import validate_command
-    from ampsweep.tracking import store
+    from ampsweep.tracking import access, store
 
     try:
         configs = validate_command(overrides, multirun, conf, name, search or ())
@@ -311,10 +311,22 @@ def validate(
         for uri, key in sorted(stores.items()) if record else []:
             store.check(uri, key)  # an unreachable server fails here, before training
             store.prepare(uri)
+        for uri, experiment in sorted(_experiments(configs)) if record else []:
+            access.check_write(uri, experiment, stores[uri])  # a login the server refuses
     except ConfigError as err:
         console.error(str(err))
         return 2, []
     return 0, configs
+
+
+def _experiments(configs: list[Config]) -> set[tuple[str, str]]:
+    from ampsweep.tracking import store
+
+    return {
+        (store.resolve_uri(c.tracking.uri), c.tracking.experiment)
+        for c in configs
+        if c.tracking.backend == Tracker.mlflow
+    }
 
 
 def run_hydra(args: list[str], command: CommandContext) -> int:
