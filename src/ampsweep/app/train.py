@@ -38,6 +38,8 @@ Train one configuration (or, with -m, sweep every combination) and record each r
   ampsweep train -m experiment=precision_sweep sweep.repeats=3   # 3 seeds each: intervals
   ampsweep train trainer.resume=auto                  # continue the newest checkpoint
   ampsweep train --config-path RUN_DIR/.hydra --config-name config   # rerun a run dir
+  ampsweep train --config-path RUN_DIR/.hydra --config-name config --trust mypkg
+                                   # ... whose _target_ code is mypkg's, from another folder
 
 Groups: precision, model, dataset, optimizer, task, loss, trainer, tracking, experiment.
 `ampsweep train --help` shows every option and the composed config (Hydra's help);
