@@ -203,3 +203,35 @@ def test_a_failing_rank_is_reported_with_its_own_exit_code(tmp_path, store_uri):
     assert re.match(r"error: trainer.nproc=2: rank [01] failed with exit code 1 ", last), last
     (run,) = all_runs(store_uri)
     assert run.info.status in (store.FAILED, store.KILLED)
+
+
+GONE = """\
+import os
+
+from ampsweep.errors import ConfigError
+
+
+def gone(record: str):
+    with open(record, "a") as out:  # who looked for the data: the parent, or a rank
+        out.write(os.environ.get("RANK", "parent") + "\\n")
+    raise ConfigError("dataset=gone: no data under /nowhere: point dataset.root at it")
+"""
+
+
+@pytest.mark.slow
+def test_the_data_set_is_checked_in_the_parent_only(tmp_path):
+    """The data set is looked for once, in the parent, before any rank starts: a missing one
+    is one line and exit 2 from the parent, and no rank ever looks for it."""
+    (tmp_path / "gonedata.py").write_text(GONE)
+    (tmp_path / "conf" / "dataset").mkdir(parents=True)
+    record = tmp_path / "looked.txt"
+    (tmp_path / "conf" / "dataset" / "gone.yaml").write_text(
+        f"_target_: gonedata.gone\nrecord: {record}\n"
+    )
+    args = ["train", "--config-dir", "conf", "trainer.nproc=2", "dataset=gone", "model=mlp",
+            "tracking=none", "trainer.max_steps=2"]  # fmt: skip
+    res = run_cli(args, tmp_path, timeout=300)
+    assert res.returncode == 2, res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert lines == ["error: dataset=gone: no data under /nowhere: point dataset.root at it"]
+    assert record.read_text().splitlines() == ["parent"]
