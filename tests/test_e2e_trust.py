@@ -37,14 +37,12 @@ SWEEP = ["precision=fp32,bf16", "model=mlp", "model.width=8", "trainer.epochs=1"
 
 
 def report_shape(out: str) -> tuple[list[str], list[str]]:
-    """The console table's rows (mode and run count) and the findings with numbers removed."""
+    """The console table's rows (their modes) and the findings with numbers removed."""
     out = out[out.index("\nSweep ") :]
     table = out.split("Findings")[0].splitlines()
-    rows = [  # a relaunch's reused rows say so ("earlier"): the same runs otherwise
-        " ".join([w for w in line.split() if w != "earlier"][:2])
-        for line in table
-        if line.strip().startswith(("fp32", "bf16"))
-    ]
+    # The modes, in order (a relaunch's table adds its reused rows' status, "earlier", which
+    # may leave the runs column out of a narrow console: the findings below say n=2).
+    rows = [line.split()[0] for line in table if line.strip().startswith(("fp32", "bf16"))]
     verdicts = r"(slower than|faster than|indistinguishable in speed from|lower than|higher than|"
     verdicts += r"indistinguishable from)"  # timings on a shared machine may tip a verdict
     findings = [
