@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -172,3 +173,65 @@ def test_a_crashing_rank_ends_the_command_non_zero_without_hanging(tmp_path, sto
     assert run.info.status in (store.FAILED, store.KILLED), run.data.tags.get(store.ERROR)
     history = store.client_for(store_uri).get_metric_history(run.info.run_id, "train/loss")
     assert max((m.step for m in history), default=0) < 400  # it did not train on alone
+
+
+@pytest.mark.slow
+def test_a_ddp_config_error_is_found_before_any_rank_starts(tmp_path):
+    """A missing data set with trainer.nproc=2 is the parent's one line and exit 2, every
+    time: no rank starts, so no rank the launcher stops can make it 'interrupted' (130)."""
+    args = ["train", "trainer.nproc=2", "dataset=mnist", f"dataset.root={tmp_path / 'none'}",
+            "tracking=none", "trainer.max_steps=2"]  # fmt: skip
+    for _ in range(3):
+        res = run_cli(args, tmp_path, timeout=300)
+        lines = [x for x in res.stderr.splitlines() if x.strip()]
+        assert res.returncode == 2, res.stderr
+        assert len(lines) == 1 and lines[0].startswith("error: dataset=mnist: no data under"), lines
+        assert "rank" not in res.stderr and "interrupted" not in res.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_reported_with_its_own_exit_code(tmp_path, store_uri):
+    """Rank 1 fails on its own at step 2 (and rank 0's collective with it, or the launcher
+    stops rank 0). The command says a rank failed and exits with its code (1), not a stopped
+    rank's 'interrupted' (130)."""
+    hook = "trainer.callbacks=[{_target_: ddp_callbacks.FailAtStep, step: 2, rank: 1}]"
+    args = ["train", *EXACT, "trainer.batch_size=16", "trainer.nproc=2", "trainer.max_steps=400",
+            "trainer.epochs=100", f"tracking.uri={store_uri}", hook]  # fmt: skip
+    proc = run_cli(args, tmp_path, env=callback_env({"OMP_NUM_THREADS": "1"}), timeout=240)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = [x for x in proc.stderr.splitlines() if x.strip()][-1]
+    assert re.match(r"error: trainer.nproc=2: rank [01] failed with exit code 1 ", last), last
+    (run,) = all_runs(store_uri)
+    assert run.info.status in (store.FAILED, store.KILLED)
+
+
+GONE = """\
+import os
+
+from ampsweep.errors import ConfigError
+
+
+def gone(record: str):
+    with open(record, "a") as out:  # who looked for the data: the parent, or a rank
+        out.write(os.environ.get("RANK", "parent") + "\\n")
+    raise ConfigError("dataset=gone: no data under /nowhere: point dataset.root at it")
+"""
+
+
+@pytest.mark.slow
+def test_the_data_set_is_checked_in_the_parent_only(tmp_path):
+    """The data set is looked for once, in the parent, before any rank starts: a missing one
+    is one line and exit 2 from the parent, and no rank ever looks for it."""
+    (tmp_path / "gonedata.py").write_text(GONE)
+    (tmp_path / "conf" / "dataset").mkdir(parents=True)
+    record = tmp_path / "looked.txt"
+    (tmp_path / "conf" / "dataset" / "gone.yaml").write_text(
+        f"_target_: gonedata.gone\nrecord: {record}\n"
+    )
+    args = ["train", "--config-dir", "conf", "trainer.nproc=2", "dataset=gone", "model=mlp",
+            "tracking=none", "trainer.max_steps=2"]  # fmt: skip
+    res = run_cli(args, tmp_path, timeout=300)
+    assert res.returncode == 2, res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert lines == ["error: dataset=gone: no data under /nowhere: point dataset.root at it"]
+    assert record.read_text().splitlines() == ["parent"]

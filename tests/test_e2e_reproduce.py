@@ -1,9 +1,13 @@
 """``ampsweep reproduce RUN_ID``: a recorded run trained again from MLflow alone, to the same
-numbers; and the Hydra-native rerun of a run dir's .hydra/ config."""
+numbers; the Hydra-native rerun of a run dir's .hydra/ config; and neither runs code that a
+stranger's config names."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from conftest import run_cli
 
 from ampsweep.tracking import store
@@ -42,3 +46,107 @@ def test_reproduce_matches_exactly(tmp_path, store_uri, main):
         (m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, "train/loss")
     ]
     assert sorted(third) == sorted(a)
+
+
+# ---------------------------------------------------------------- a stranger's config
+
+NET = """\
+import torch
+
+
+def make_net(input_shape, num_classes, hidden: int = 8):
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(input_shape[-1] * input_shape[-2], num_classes)
+    )
+"""
+QUICK_MLP = ["trainer.epochs=1", "trainer.max_steps=4", "trainer.log_every=2",
+             "trainer.timing_warmup_steps=1", "trainer.progress=false"]  # fmt: skip
+
+
+def _tamper(client, run_id: str, folder, section: dict) -> None:
+    """Overwrite the run's logged config.yaml with one whose model section is ``section``:
+    what anyone who can write to a shared store can do."""
+    path = client.download_artifacts(run_id, "config.yaml", str(folder))
+    cfg = yaml.safe_load(open(path))
+    cfg["model"] = section
+    out = folder / "upload"
+    out.mkdir()
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg))
+    client.log_artifact(run_id, str(out / "config.yaml"))
+
+
+@pytest.mark.slow
+def test_reproduce_refuses_a_strangers_target(tmp_path, store_uri, main):
+    """A logged config that names ``os.system`` is refused in one line before anything is
+    imported (the file it would create is not there, nothing is recorded); ``--trust os``
+    runs it as asked; the same check guards a run dir's saved config."""
+    first = main("train", *QUICK_MLP, "model=mlp", "model.width=8", f"tracking.uri={store_uri}")
+    assert first.code == 0, first.err
+    client = store.client_for(store_uri)
+    (run,) = client.search_runs(["1"])
+    rid, pwned = run.info.run_id, tmp_path / "PWNED"
+    _tamper(client, rid, tmp_path, {"_target_": "os.system", "command": f"touch {pwned}"})
+    refused = run_cli(["reproduce", rid, f"tracking.uri={store_uri}"], tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert lines == [
+        "error: model._target_=os.system: not a model of ampsweep or of a trusted package: "
+        "pass --trust os if you mean it"
+    ], refused.stderr
+    assert not pwned.exists()
+    assert len(client.search_runs(["1"])) == 1  # nothing recorded
+    trusted = run_cli(["reproduce", rid, "--trust", "os", f"tracking.uri={store_uri}"], tmp_path)
+    assert pwned.exists(), trusted.stderr  # the user said they mean it
+    assert all(r.info.status != "RUNNING" for r in client.search_runs(["1"]))
+    # A run dir's saved config, copied from elsewhere: the same check, through train.
+    pwned.unlink()
+    saved = tmp_path / "their_run" / ".hydra"
+    saved.mkdir(parents=True)
+    config = (Path(run.data.tags["run_dir"]) / ".hydra" / "config.yaml").read_text()
+    cfg = yaml.safe_load(config)
+    cfg["model"] = {"_target_": "os.system", "command": f"touch {pwned}"}
+    (saved / "config.yaml").write_text(yaml.safe_dump(cfg))
+    native = run_cli(["train", "--config-path", str(saved), "--config-name", "config"], tmp_path,
+                     env={"MLFLOW_TRACKING_URI": store_uri})  # fmt: skip
+    assert native.returncode == 2, native.stderr
+    (line,) = native.stderr.strip().splitlines()
+    assert "model._target_=os.system: not a model of ampsweep" in line and "--trust os" in line
+    assert not pwned.exists()
+
+
+@pytest.mark.slow
+def test_reproduce_runs_the_projects_own_target(tmp_path, store_uri, main, monkeypatch):
+    """A model of the project in the current folder reproduces; from another folder it is a
+    stranger's until named with --trust. A path that leaves a trusted package through its
+    imports (mypkg.nets.torch.load) is refused too."""
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "__init__.py").write_text("")
+    (project / "mypkg" / "nets.py").write_text(NET)
+    (project / "conf" / "model").mkdir(parents=True)
+    (project / "conf" / "model" / "my_net.yaml").write_text("_target_: mypkg.nets.make_net\n")
+    monkeypatch.chdir(project)
+    args = ["--config-dir", "conf", *QUICK_MLP, "model=my_net", f"tracking.uri={store_uri}"]
+    first = main("train", *args)
+    assert first.code == 0, first.err
+    client = store.client_for(store_uri)
+    (run,) = client.search_runs(["1"])
+    again = main("reproduce", run.info.run_id, f"tracking.uri={store_uri}")
+    assert again.code == 0, again.err
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.syspath_prepend(str(project))  # importable, e.g. installed, but not this project
+    refused = main("reproduce", run.info.run_id, f"tracking.uri={store_uri}")
+    assert refused.code == 2
+    assert "model._target_=mypkg.nets.make_net: not a model of ampsweep or of a trusted " \
+        "package: pass --trust mypkg if you mean it" in refused.err  # fmt: skip
+    trusted = main("reproduce", run.info.run_id, "--trust", "mypkg", f"tracking.uri={store_uri}")
+    assert trusted.code == 0, trusted.err
+    monkeypatch.chdir(project)
+    _tamper(client, run.info.run_id, tmp_path, {"_target_": "mypkg.nets.torch.load", "f": "x"})
+    escaped = main("reproduce", run.info.run_id, f"tracking.uri={store_uri}")
+    assert escaped.code == 2
+    assert "model._target_=mypkg.nets.torch.load: leads to torch.serialization.load, outside " \
+        "the trusted packages" in escaped.err  # fmt: skip
+    assert len(client.search_runs(["1"])) == 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from ampsweep.tracking import store
 
@@ -84,3 +85,27 @@ def test_no_secret_reaches_the_store_from_a_run_or_a_sweep(tmp_path, store_uri, 
     client = store.client_for(store_uri)
     names = {r.info.run_name for r in client.search_runs(["1"], max_results=100)}
     assert {"run-***", "job-***"} <= names
+
+
+@pytest.mark.slow
+def test_a_secret_in_an_experiment_name_is_refused_and_never_printed(tmp_path, store_uri):
+    """An experiment named after a secret is refused in one line that names the variable,
+    not the value (the name keys the experiment and its artifact folders); an error line that
+    quotes a path holding a secret prints it masked; neither leaves anything in the store."""
+    env = {"MY_API_TOKEN": SECRET, "MLFLOW_TRACKING_URI": store_uri}
+    for args in (["train", *TINY], ["train", "-m", "precision=fp32,bf16", *TINY]):
+        res = run_cli([*args, f"tracking.experiment=exp-{SECRET}"], tmp_path, env=env)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            "error: tracking.experiment=exp-***: holds the value of the secret environment "
+            "variable MY_API_TOKEN: an experiment's name is shown to everyone who reads the "
+            "store and names its artifact folders: choose a name without it"
+        ]
+        assert SECRET not in res.stdout + res.stderr
+    root = f"dataset.root={tmp_path}/nonexist-{SECRET}"
+    missing = run_cli(["train", *TINY, "dataset=mnist", root], tmp_path, env=env)
+    assert missing.returncode == 2, missing.stderr
+    (line,) = missing.stderr.strip().splitlines()
+    assert line.startswith("error: dataset=mnist: no data under") and "nonexist-***" in line
+    assert SECRET not in missing.stdout + missing.stderr
+    assert not store.sqlite_path(store_uri).exists() or leaks(store_uri)[1] == 0

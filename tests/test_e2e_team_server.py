@@ -95,3 +95,91 @@ def test_a_port_in_time_wait_is_free_to_listen_on():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         assert not ui.port_free("127.0.0.1", busy.getsockname()[1])
+
+
+# ---------------------------------------------------------------- logins (MLflow basic-auth)
+
+ADMIN_PASSWORD = "adm1n-e2e-password"
+PASSWORDS = {"alice": "alice-e2e-password", "bob": "bob-e2e-password1"}
+TINY = ["model=mlp", "model.width=8", "trainer.epochs=1", "trainer.max_steps=4",
+        "trainer.log_every=2", "trainer.progress=false", "trainer.timing_warmup_steps=1",
+        "diagnostics.every=0"]  # fmt: skip
+
+
+def _as(user: str | None) -> dict[str, str]:
+    """The environment of a command run as ``user`` (None: no login at all)."""
+    if user is None:
+        return {"MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}
+    password = ADMIN_PASSWORD if user == "admin" else PASSWORDS[user]
+    return {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
+
+
+def test_a_team_server_refuses_a_user_without_permission_and_records_one_with_it(
+    tmp_path, empty_store, monkeypatch
+):
+    """``ampsweep ui --team``: MLflow's basic-auth in front of the store. A user without EDIT
+    on an experiment is refused in one line before anything trains, so is a command without
+    a login; a user granted EDIT records a sweep there; no password is printed."""
+    import shutil
+
+    from conftest import run_cli
+    from mlflow import MlflowClient
+    from mlflow.server import get_app_client
+
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    port = free_port()
+    cmd = [sys.executable, "-m", "ampsweep", "ui", "--team", "--port", str(port)]
+    cmd += ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src"),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
+    }
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    seen: list[str] = []
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while not any(x.startswith("MLflow UI: ") for x in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+        assert _status(port, f"127.0.0.1:{port}") == 401  # nothing without a login
+        with monkeypatch.context() as admin:  # the admin creates the users and the experiment
+            for name, value in _as("admin").items():
+                admin.setenv(name, value)
+            auth = get_app_client("basic-auth", tracking_uri=url)
+            for user, password in PASSWORDS.items():
+                auth.create_user(user, password)
+            exp_id = MlflowClient(url).create_experiment("team")
+            auth.grant_user_permission("bob", "experiment", exp_id, "EDIT")
+        train = ["train", *TINY, f"tracking.uri={url}", "tracking.experiment=team"]
+        for user, says in [
+            (None, f"error: tracking.uri={url}: the MLflow server needs a login and refused "
+                   "no login: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
+            ("alice", "error: tracking.experiment=team: user alice may not write to this "
+                      f"experiment on {url}: ask its owner or the server's admin for EDIT"),
+        ]:  # fmt: skip
+            refused = run_cli(train, tmp_path, env=_as(user), timeout=300)
+            assert refused.returncode == 2, refused.stderr[-2000:]
+            (line,) = refused.stderr.strip().splitlines()
+            assert line.startswith(says), line
+        sweep_args = ["train", "-m", *train[1:], "precision=fp32,bf16"]
+        sweep = run_cli(sweep_args, tmp_path, env=_as("bob"), timeout=600)
+        assert sweep.returncode == 0, sweep.stderr[-3000:]
+        assert "Findings" in sweep.stdout
+        assert PASSWORDS["bob"] not in sweep.stdout + sweep.stderr
+        with monkeypatch.context() as admin:
+            for name, value in _as("admin").items():
+                admin.setenv(name, value)
+            runs = MlflowClient(url).search_runs([exp_id])
+        assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs)
+        assert (tmp_path / "mlflow-auth.db").is_file()  # the users live beside the store
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -59,3 +59,19 @@ def test_nothing_to_mask_without_secrets(tmp_path, monkeypatch):
     (tmp_path / "a.txt").write_text("keep me\n")
     secrets.mask_files(tmp_path)
     assert (tmp_path / "a.txt").read_text() == "keep me\n"
+
+
+def test_a_masked_stream_masks_every_write(monkeypatch, capsys):
+    monkeypatch.setenv("MY_API_TOKEN", "s3cr3t-stream")
+    stream = secrets.MaskedStream("stdout")
+    stream.write("error: dataset.root=/data/nonexist-s3cr3t-stream\n")
+    stream.flush()
+    assert capsys.readouterr().out == "error: dataset.root=/data/nonexist-***\n"
+
+
+def test_a_name_holding_a_secret_is_refused_by_the_variable_it_came_from(monkeypatch):
+    monkeypatch.setenv("MY_API_TOKEN", "s3cr3t-name")
+    problem = secrets.refuse_in_name("tracking.experiment", "exp-s3cr3t-name")
+    assert problem.startswith("tracking.experiment=exp-***: holds the value of the secret ")
+    assert "MY_API_TOKEN" in problem and "s3cr3t-name" not in problem
+    assert secrets.refuse_in_name("tracking.experiment", "exp-plain") is None

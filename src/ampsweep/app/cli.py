@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cors-allowed-origins", help="browser origins allowed to call its API, comma-separated"
     )
     ui.add_argument("--tracking-uri", help=store_help)
+    ui.add_argument(
+        "--team",
+        action="store_true",
+        help="require logins (MLflow's basic-auth: users and per-experiment permissions in "
+        "mlflow-auth.db beside the store; the first start needs MLFLOW_AUTH_ADMIN_PASSWORD)",
+    )
     ui.set_defaults(func=cmd_ui)
     return parser
 
@@ -147,7 +153,9 @@ def cmd_ui(args) -> int:
 
     try:
         uri = store.resolve_uri(args.tracking_uri)
-        return ui.serve(uri, args.host, args.port, args.allowed_hosts, args.cors_allowed_origins)
+        return ui.serve(
+            uri, args.host, args.port, args.allowed_hosts, args.cors_allowed_origins, args.team
+        )
     except (ui.UIError, ConfigError) as err:
         console.error(str(err))
         return 2

@@ -22,13 +22,18 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ampsweep.tracking.secrets import MaskedStream
+
 PIPED_WIDTH = 100  # tables in a log file: rich would assume 80 columns
 
 
 def _console(stderr: bool = False) -> Console:
     tty = (sys.stderr if stderr else sys.stdout).isatty()
+    # Every line goes through the masking of secrets: an error may quote a path or a value
+    # that holds one (dataset.root=/data/$MY_TOKEN).
+    stream = MaskedStream("stderr" if stderr else "stdout")
     return Console(
-        stderr=stderr, highlight=False, soft_wrap=not tty, width=None if tty else PIPED_WIDTH
+        file=stream, highlight=False, soft_wrap=not tty, width=None if tty else PIPED_WIDTH
     )
 
 

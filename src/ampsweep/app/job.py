@@ -598,7 +598,17 @@ class Job:
         if not cfg.tracking.skip_finished:
             return None
         client = store.client_for(self.uri)
-        return store.finished_twin(client, cfg.tracking.experiment, config_hash(cfg))
+        twin = store.finished_twin(client, cfg.tracking.experiment, config_hash(cfg))
+        changed = code_changes(cfg, twin.data.tags) if twin is not None else []
+        if changed:  # the same config, other code: its results are no longer this job's
+            console.console.print(
+                f"[bold]#{self.ctx.job_num} {self.name}[/]: runs again: the identical config "
+                f"FINISHED as run {twin.info.run_name} ({twin.info.run_id}) with other code "
+                f"({'; '.join(changed)})",
+                soft_wrap=True,
+            )
+            return None
+        return twin
 
     def _skip(self, twin) -> JobOutcome:
         """Report a skipped job and name the run standing in for it on this launch's parent."""
@@ -773,6 +783,24 @@ class Job:
             tags[store.JOB_NUM] = str(self.ctx.job_num)
         tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
         return {**tags, **target_tags(cfg), **_cluster_job_tag()}
+
+
+def code_changes(cfg: Config, tags: dict[str, str]) -> list[str]:
+    """How the code this job would run differs from the code a run of its config ran:
+    ampsweep's version, and the version and module digest of each ``_target_`` component."""
+    import ampsweep
+
+    now = {store.AMPSWEEP_VERSION: ampsweep.__version__}
+    now.update({k: v for k, v in target_tags(cfg).items() if k.endswith((".version", ".sha256"))})
+    return [
+        f"{key}: {_short(tags.get(key)) or '(not recorded)'} then, {_short(value)} now"
+        for key, value in now.items()
+        if tags.get(key) != value
+    ]
+
+
+def _short(value: str | None) -> str | None:
+    return value[:12] if value and len(value) == 64 else value  # a SHA-256: its prefix
 
 
 def target_tags(cfg: Config) -> dict[str, str]:

@@ -11,6 +11,10 @@ component: its package version, git commit or module file) a warning says so fir
 end a warning names any recorded fact about the data that differs (e.g. a text's digest), and
 both runs' final metrics are printed side by side with their differences.
 
+Before anything is imported, every ``_target_`` of the recorded config is checked against
+what this project trusts (``app.trust``: ampsweep's own builders, the packages of the current
+folder, ``--trust PKG``): a stranger's config that names ``os.system`` is refused in one line.
+
 The run's ``trainer.callbacks`` are never run: a callback is code that whoever recorded the run
 named, and it is not part of what the run computes (the config hash leaves it out). A note
 names the ones left out; callbacks given as overrides run, as in ``ampsweep train``.
@@ -24,7 +28,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ampsweep.app import console
+from ampsweep.app import console, trust
 from ampsweep.config.schema import ConfigError
 from ampsweep.precision.modes import DERIVED_PRECISION
 from ampsweep.tracking import store
@@ -57,13 +61,24 @@ def add_parser(sub) -> None:
         "in a new run tagged reproduces=RUN_ID, then compare final metrics.",
     )
     p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    # The overrides take the rest of the line, where --trust may come too (argparse would not
+    # take an option between two runs of positional arguments).
+    p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="KEY=VALUE")
+    p.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="run the recorded config's _target_ paths under PKG too (repeatable); by "
+        "default only ampsweep's builders and the packages of the current folder run",
+    )
     p.set_defaults(func=cmd_reproduce)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     try:
-        return reproduce(args.run_id, list(args.overrides))
+        overrides, named = trust.take_trust_flags(list(args.overrides))
+        return reproduce(args.run_id, overrides, (*args.trust, *named))
     except ConfigError as err:
         console.error(str(err))
         return 2
@@ -115,7 +130,7 @@ def fetch(run_id: str, overrides: list[str]):
     return uri, run, text
 
 
-def code_differences(tags: dict[str, str]) -> list[str]:
+def code_differences(tags: dict[str, str], trusted: trust.Trust) -> list[str]:
     """How the code here differs from the code the run was recorded with."""
     import torch
 
@@ -132,12 +147,13 @@ def code_differences(tags: dict[str, str]) -> list[str]:
     dirty = [w for w, d in (("the run's", tags), ("this", now)) if d.get(store.GIT_DIRTY) == "true"]
     if dirty:  # same commit or not, uncommitted changes make the code unknown
         out.append(f"{' and '.join(dirty)} checkout had uncommitted changes: the code may differ")
-    return out + target_differences(tags)
+    return out + target_differences(tags, trusted)
 
 
-def target_differences(tags: dict[str, str]) -> list[str]:
+def target_differences(tags: dict[str, str], trusted: trust.Trust) -> list[str]:
     """How the code of each ``_target_`` component the run recorded differs from the code
-    that imports now (its package version, git commit, module file)."""
+    that imports now (its package version, git commit, module file). A target the tags name
+    that is not trusted is not imported to compare it."""
     from ampsweep.app.environment import target_provenance
     from ampsweep.engine.components import REGISTRIES
 
@@ -145,6 +161,10 @@ def target_differences(tags: dict[str, str]) -> list[str]:
     for section, registry in REGISTRIES.items():
         target = tags.get(store.target_tag(section))
         if not target:
+            continue
+        refused = trusted.problem(store.target_tag(section), target)
+        if refused:
+            out.append(f"{store.target_tag(section)}={target}: not compared ({refused})")
             continue
         try:
             now = target_provenance(registry.for_target(target).fn)
@@ -203,18 +223,38 @@ def recorded_callbacks(text: str) -> list[str]:
     return [str(spec.get("_target_")) for spec in trainer.get("callbacks") or []]
 
 
-def reproduce(run_id: str, overrides: list[str]) -> int:
+def check_trust(run_id: str, text: str, overrides: list[str], trusted: trust.Trust) -> None:
+    """Refuse a recorded config that would make ampsweep run code nobody here trusts (its
+    ``trainer.callbacks`` are dropped, and a section the overrides replace is the user's)."""
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    except Exception as err:
+        raise ConfigError(
+            f"RUN_ID={run_id}: its config.yaml is not a config ({' '.join(str(err).split())}): "
+            "nothing to reproduce"
+        ) from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"RUN_ID={run_id}: its config.yaml is not a mapping: nothing to run")
+    trust.check_recorded(cfg, f"RUN_ID={run_id}: config.yaml")
+    trust.check(cfg, trusted, skip=[*trust.overridden(overrides), "trainer.callbacks"])
+
+
+def reproduce(run_id: str, overrides: list[str], trusted_names: tuple[str, ...] = ()) -> int:
     from ampsweep.app.job import CommandContext
     from ampsweep.app.train import cmd_train
 
     uri, run, text = fetch(run_id, overrides)
+    trusted = trust.Trust.here(trusted_names)
+    check_trust(run_id, text, overrides, trusted)  # before anything of the run is imported
     tags = run.data.tags
     recorded = tags.get(store.OVERRIDES)
     console.console.print(
         f"reproducing run {run_id} ({run.info.run_name}) from {store.describe(uri)}"
         + (f", recorded with overrides: {recorded}" if recorded else "")
     )
-    for line in code_differences(tags):
+    for line in code_differences(tags, trusted):
         console.errors.print(f"[bold yellow]warning:[/] code differs: {line}", soft_wrap=True)
     dropped = recorded_callbacks(text)
     if dropped:

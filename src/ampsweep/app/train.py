@@ -12,11 +12,12 @@ import signal
 import sys
 from pathlib import Path
 
-from ampsweep.app import console
+from ampsweep.app import console, trust
 from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.errors import FaultError
 from ampsweep.tracking.recorder import RunCloser
+from ampsweep.tracking.secrets import refuse_in_name
 
 HYDRA_FLAGS_WITH_VALUE = {
     "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -38,6 +39,8 @@ Train one configuration (or, with -m, sweep every combination) and record each r
   ampsweep train -m experiment=precision_sweep sweep.repeats=3   # 3 seeds each: intervals
   ampsweep train trainer.resume=auto                  # continue the newest checkpoint
   ampsweep train --config-path RUN_DIR/.hydra --config-name config   # rerun a run dir
+  ampsweep train --config-path RUN_DIR/.hydra --config-name config --trust mypkg
+                                   # ... whose _target_ code is mypkg's, from another folder
 
 Groups: precision, model, dataset, optimizer, task, loss, trainer, tracking, experiment.
 `ampsweep train --help` shows every option and the composed config (Hydra's help);
@@ -100,6 +103,7 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     from ampsweep.engine import distributed
 
     command = command or CommandContext()
+    args, trusted = trust.take_trust_flags(args)  # ours, not Hydra's
     args = absolute_config_paths(args)
     args = normalise_overrides(args)  # model.args.<key>=v: add or set, as the help says
     overrides, flags, bare = split_train_args(args)
@@ -118,6 +122,9 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     conf, name, search = _conf_of(flags)
     command_args = args  # what the sweep's parent records: the command as typed
     saved = saved_config_overrides(conf, name, overrides)  # rerunning RUN_DIR/.hydra/config
+    code = _check_saved_trust(conf, name, overrides, search, trusted)
+    if code:
+        return code
     args, overrides = [*args, *saved], [*overrides, *saved]
     if multirun:
         code, args, overrides = _repeats_as_seeds(args, overrides, conf, name, search)
@@ -133,11 +140,15 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         return code
     nproc = configs[0].trainer.nproc
     if nproc > 1 and not rank.enabled and not multirun:
+        code = _check_data(configs[0])  # in the parent: a config error before any rank starts
+        if code:
+            return code
         try:
-            return distributed.launch(args, nproc)  # each worker runs this command again
+            failure = distributed.launch(args, nproc)  # each worker runs this command again
         except distributed.LaunchError as err:
             console.error(str(err))
             return 1
+        return _rank_exit(failure, nproc)
     # Under torchrun every rank runs Hydra; only rank 0 keeps a run dir and .hydra/ files.
     args = [*args, *distributed.rank_overrides(rank)]
     if not multirun:
@@ -145,12 +156,66 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
             code = run_hydra(args, command)
             command.closer.wait()  # the run has ended (a no-op: single runs end at once)
             return _exit_code(command, code)
-        except KeyboardInterrupt:
-            console.error("interrupted")
+        except KeyboardInterrupt as err:
+            who = f"rank {rank.rank}: " if rank.enabled else ""  # the launcher may have stopped it
+            console.error(f"{who}interrupted" + (f" ({err})" if rank.enabled else ""))
             return EXIT_KILLED
     return run_sweep(
         args, overrides, configs, conf, name, command, rank.is_main, search, command_args
     )
+
+
+def _check_data(cfg: Config) -> int:
+    """Load the data set once, as each rank will: a missing one is the command's one-line
+    config error here, not a race between a failing rank and the ones the launcher stops."""
+    from ampsweep.engine import data
+
+    try:
+        data.load(cfg.dataset, cfg.task.name)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2
+    return 0
+
+
+def _rank_exit(failure, nproc: int) -> int:
+    """The failing rank's exit code; it printed its own error (a config error's one line)."""
+    if failure is None:
+        return 0
+    if failure.exit_code != 2:
+        console.error(
+            f"trainer.nproc={nproc}: rank {failure.rank} failed with exit code "
+            f"{failure.exit_code} (its error is above); the launcher stopped the other ranks"
+        )
+    return failure.exit_code
+
+
+def _check_saved_trust(
+    conf: Path, name: str, overrides: list[str], search: list[str], named: list[str]
+) -> int:
+    """A run dir's saved config (no defaults list: Hydra wrote it, maybe on another machine)
+    names only code this project trusts, checked before anything is imported."""
+    from omegaconf import OmegaConf
+
+    from ampsweep.config.compose import config_dir
+
+    path = Path(conf) / f"{name}.yaml"
+    if not path.is_file() or path.resolve().parent == config_dir().resolve():
+        return 0
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception:  # not YAML: Hydra says so when it composes
+        return 0
+    if not isinstance(saved, dict) or "defaults" in saved or "hydra" in saved:
+        return 0  # a primary config the user wrote, not a saved one
+    folders = [Path(e.removeprefix("file://")).parent for e in search if "://" not in
+               e.removeprefix("file://")]  # the project a --config-dir belongs to  # fmt: skip
+    try:
+        trust.check(saved, trust.Trust.here(named, folders), skip=trust.overridden(overrides))
+    except ConfigError as err:
+        console.error(f"{path}: {err}")
+        return 2
+    return 0
 
 
 def _repeats_as_seeds(
@@ -231,10 +296,13 @@ def validate(
     from ampsweep.app.repair import replay_journals
     from ampsweep.config.compose import validate_command
     from ampsweep.engine.checkpoint import root_of
-    from ampsweep.tracking import store
+    from ampsweep.tracking import access, store
 
     try:
         configs = validate_command(overrides, multirun, conf, name, search or ())
+        refused = {refuse_in_name("tracking.experiment", c.tracking.experiment) for c in configs}
+        if refused - {None}:
+            raise ConfigError(sorted(refused - {None})[0])
         from ampsweep.engine import components  # torch: only once the shared keys are good
         from ampsweep.engine.build import preflight
 
@@ -251,6 +319,8 @@ def validate(
             roots = [root_of(c) for c in configs if store.resolve_uri(c.tracking.uri) == uri]
             for line in replay_journals(uri, roots):  # what an outage kept, written now
                 console.note(line)
+        for uri, experiment in sorted(_experiments(configs)) if record else []:
+            access.check_write(uri, experiment, stores[uri])  # a login the server refuses
     except ConfigError as err:
         console.error(str(err))
         return 2, []
@@ -258,6 +328,16 @@ def validate(
         console.error(str(err))
         return 1, []
     return 0, configs
+
+
+def _experiments(configs: list[Config]) -> set[tuple[str, str]]:
+    from ampsweep.tracking import store
+
+    return {
+        (store.resolve_uri(c.tracking.uri), c.tracking.experiment)
+        for c in configs
+        if c.tracking.backend == Tracker.mlflow
+    }
 
 
 def run_hydra(args: list[str], command: CommandContext) -> int:

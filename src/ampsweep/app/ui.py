@@ -4,11 +4,20 @@ It runs ``mlflow server`` in a child process (its own process group, so stopping
 ui`` stops all of the server's workers too), waits until it answers, and prints a link that
 opens the experiment in MLflow's classic runs table (``workflowType=machine_learning``; the
 default GenAI view hides the runs).
+
+``--team`` starts it with MLflow's own logins (``mlflow server --app-name basic-auth``): every
+request needs a user and password (clients pass ``MLFLOW_TRACKING_USERNAME`` and
+``MLFLOW_TRACKING_PASSWORD``), every user may read every experiment, and only an experiment's
+creator, the users it grants EDIT or MANAGE, and the admin may write to it. The users and
+their permissions live in ``mlflow-auth.db`` beside the store, configured by
+``mlflow-auth.ini`` there; the admin's password comes from ``MLFLOW_AUTH_ADMIN_PASSWORD`` the
+first time, and the key that signs the UI's forms (CSRF) is kept in ``mlflow-auth.key``.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -26,6 +35,20 @@ STARTUP_TIMEOUT_S = 120  # mlflow server imports a lot; on a loaded 2-core machi
 # optimisation): eight more Python processes of about 240 MB resident each and 10 s of CPU at
 # every start, which training runs never use. Off unless the user's environment turns it on.
 JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+# MLflow's basic-auth app: its config file, its first admin's password, the key for its forms.
+AUTH_CONFIG = "MLFLOW_AUTH_CONFIG_PATH"
+ADMIN_PASSWORD = "MLFLOW_AUTH_ADMIN_PASSWORD"
+FORM_KEY = "MLFLOW_FLASK_SERVER_SECRET_KEY"
+# READ for every user with a login; writing needs EDIT on the experiment (its creator has
+# MANAGE). Without a login nothing is served.
+AUTH_INI = """\
+[mlflow]
+default_permission = READ
+database_uri = {database}
+admin_username = admin
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+grant_default_workspace_access = false
+"""
 
 
 class UIError(Exception):
@@ -69,9 +92,16 @@ def experiment_link(uri: str, base_url: str) -> tuple[str, str]:
 
 
 def server_command(
-    uri: str, host: str, port: int, allowed_hosts: str | None = None, cors: str | None = None
+    uri: str,
+    host: str,
+    port: int,
+    allowed_hosts: str | None = None,
+    cors: str | None = None,
+    team: bool = False,
 ) -> list[str]:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
+    if team:
+        cmd += ["--app-name", "basic-auth"]
     cmd += ["--host", host, "--port", str(port), "--workers", "1"]
     # MLflow answers 403 to a Host header it does not know (DNS-rebinding protection): other
     # machines reach it by a name or address that must be listed. A list replaces MLflow's
@@ -89,11 +119,41 @@ def server_command(
     return cmd
 
 
-def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: ours, with MLflow's job runner off unless set there."""
+def server_env(
+    environ: dict[str, str] | None = None, auth: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The server's environment: ours, with MLflow's job runner off unless set there, and
+    the basic-auth app's settings for a team server."""
     env = dict(os.environ if environ is None else environ)
     env.setdefault(JOB_EXECUTION, "false")
-    return env
+    return {**env, **(auth or {})}
+
+
+def team_auth(db: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The basic-auth app's settings for the store ``db``: its config file (written beside the
+    store unless $MLFLOW_AUTH_CONFIG_PATH names one), and the key for its forms (kept beside
+    the store, so that a restart keeps logged-in browsers valid). Refuses, in one line, a
+    first start without an admin password."""
+    env = os.environ if environ is None else environ
+    folder = db.parent
+    config = Path(env.get(AUTH_CONFIG) or folder / "mlflow-auth.ini")
+    users = folder / "mlflow-auth.db"
+    if not env.get(AUTH_CONFIG):
+        config.write_text(AUTH_INI.format(database=f"sqlite:///{users.resolve()}"))
+    if not users.exists() and not env.get(ADMIN_PASSWORD) and not env.get(AUTH_CONFIG):
+        raise UIError(
+            f"--team: the first start creates the user 'admin' in {users}: set its password "
+            f"in {ADMIN_PASSWORD} (12 characters or more), e.g. {ADMIN_PASSWORD}=$(openssl "
+            "rand -base64 18)"
+        )
+    out = {AUTH_CONFIG: str(config)}
+    if not env.get(FORM_KEY):
+        key = folder / "mlflow-auth.key"
+        if not key.exists():
+            key.touch(mode=0o600)
+            key.write_text(secrets.token_hex(32))
+        out[FORM_KEY] = key.read_text().strip()
+    return out
 
 
 def wait_until_up(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
@@ -131,7 +191,12 @@ def _interrupt(signum, frame) -> None:
 
 
 def serve(
-    uri: str, host: str, port: int, allowed_hosts: str | None = None, cors: str | None = None
+    uri: str,
+    host: str,
+    port: int,
+    allowed_hosts: str | None = None,
+    cors: str | None = None,
+    team: bool = False,
 ) -> int:
     if uri.startswith(("http://", "https://")):
         store.check(uri, key="--tracking-uri")
@@ -151,13 +216,14 @@ def serve(
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base_url = f"http://{shown}:{port}" if ":" not in shown else f"http://[{shown}]:{port}"
     link, about = experiment_link(uri, base_url)
+    auth = team_auth(db) if team else None
     # The server's own access log and warnings go to a file beside the store, not over ours.
     log = db.parent / "mlflow-ui.log"
     console.console.print(f"Starting the MLflow UI on {host}:{port} for {store.describe(uri)} ...")
     with open(log, "w") as out:
-        command = server_command(uri, host, port, allowed_hosts, cors)
+        command = server_command(uri, host, port, allowed_hosts, cors, team)
         proc = subprocess.Popen(
-            command, stdout=out, stderr=out, start_new_session=True, env=server_env()
+            command, stdout=out, stderr=out, start_new_session=True, env=server_env(auth=auth)
         )
     # `kill PID` (SIGTERM) must stop the server too, not leave it orphaned.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -173,6 +239,13 @@ def serve(
                 "Host headers it does not know)"
             )
             print(f"  listening on every interface; {how}", flush=True)
+        if team:
+            print(
+                "  logins required (MLflow basic-auth): users and permissions in "
+                f"{db.parent / 'mlflow-auth.db'}; clients set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD",
+                flush=True,
+            )
         print(f"  {about}\n  server log: {log}\n  Ctrl-C stops it.", flush=True)
         return proc.wait()
     except KeyboardInterrupt:

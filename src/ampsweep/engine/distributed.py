@@ -168,6 +168,19 @@ class LaunchError(RuntimeError):
     """The elastic agent itself failed (rendezvous, ports): one line for the user."""
 
 
+@dataclass(frozen=True)
+class RankFailure:
+    """The rank whose failure ended a launch, and its exit code (the agent then stops the
+    other ranks: their exits, by SIGTERM, say nothing of what went wrong)."""
+
+    rank: int
+    exit_code: int
+
+
+# Exit codes of a rank the agent stopped: by a signal (negative), or its Ctrl-C/SIGTERM exit.
+STOPPED_CODES = (130, 143)
+
+
 def rank_overrides(rank: Rank) -> list[str]:
     """Hydra overrides for a rank other than 0: no output folder, no .hydra/ files of its own
     (rank 0 writes the run dir; Hydra would otherwise create one per process)."""
@@ -176,9 +189,9 @@ def rank_overrides(rank: Rank) -> list[str]:
     return ["hydra.run.dir=.", "hydra.output_subdir=null"]
 
 
-def launch(args: list[str], nproc: int) -> int:
+def launch(args: list[str], nproc: int) -> RankFailure | None:
     """Run ``python -m ampsweep train ARGS`` in ``nproc`` processes under torchrun's elastic
-    agent (standalone rendezvous on this machine), and return the exit code.
+    agent (standalone rendezvous on this machine); the rank that failed first, if one did.
 
     The agent runs in this process through ``torch.distributed.launcher.api.elastic_launch``
     (the engine behind ``torchrun``), so ``trainer.nproc=N`` and ``torchrun --nproc-per-node N
@@ -209,12 +222,19 @@ def launch(args: list[str], nproc: int) -> int:
     try:
         entry("-m", "ampsweep", "train", *args)
     except ChildFailedError as err:
-        # A worker's own exit code (2: a config error) wins over those the agent killed after
-        # it (negative: by a signal).
-        codes = [f.exitcode for f in err.failures.values() if f.exitcode and f.exitcode > 0]
-        return max(codes, default=1)
+        return first_failure(err.failures)
     except KeyboardInterrupt:
         raise
     except Exception as err:  # the agent itself failed (rendezvous, ports)
         raise LaunchError(f"trainer.nproc={nproc}: the elastic launcher failed: {err}") from None
-    return 0
+    return None
+
+
+def first_failure(failures: dict) -> RankFailure:
+    """The failure that ended the launch, from the agent's ``{global rank: ProcessFailure}``:
+    the agent records the ranks that failed on their own first (in the order it found them),
+    then the ones it stopped; a rank's own exit beats a stop, whatever the timing."""
+    ranks = list(failures.items())
+    own = [(r, f) for r, f in ranks if f.exitcode > 0 and f.exitcode not in STOPPED_CODES]
+    rank, failure = (own or ranks)[0]
+    return RankFailure(int(rank), int(failure.exitcode) if failure.exitcode > 0 else 1)

@@ -124,7 +124,7 @@ def _shown(col: Column, rows: list[Row], wide: bool) -> bool:
     if col.when == "text":
         return any(values)
     if col.when == "differs":  # the console names a shared model and data set in the title
-        return wide or len(set(values)) > 1
+        return wide or len(set(values)) > 1 or "earlier" in values  # reused rows: always said
     if col.when == "repeats":
         return any(r.n > 1 for r in rows)
     return True

@@ -1,6 +1,11 @@
 """Secrets never reach the store or the console: the values of environment variables whose
 names say they are secret are masked wherever ampsweep writes text (params, tags, run names,
-artifacts, messages)."""
+artifacts, and every line its console prints: ``MaskedStream``).
+
+An experiment's name is refused instead (``refuse_in_name``): it is the key runs are found by
+(``--experiment``, a relaunch's skip, the report) and it names the artifact folders and every
+URI under them, so a masked name would be another experiment than the one typed (and two
+secrets would share one ``exp-***``)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,49 @@ def secret_values() -> list[str]:
         if any(word in name.upper() for word in SECRET_WORDS) and len(value) >= MIN_SECRET_CHARS
     }
     return sorted(found, key=len, reverse=True)
+
+
+def secret_names() -> dict[str, str]:
+    """Each secret value and the name of (one of) the variables that hold it."""
+    return {
+        value: name
+        for name, value in sorted(os.environ.items())
+        if any(word in name.upper() for word in SECRET_WORDS) and len(value) >= MIN_SECRET_CHARS
+    }
+
+
+def refuse_in_name(key: str, value: str) -> str | None:
+    """The one-line problem of a name (``tracking.experiment``) that holds a secret, or None."""
+    held = [name for secret, name in secret_names().items() if secret in value]
+    if not held:
+        return None
+    return (
+        f"{key}={mask_text(value)}: holds the value of the secret environment variable "
+        f"{held[0]}: an experiment's name is shown to everyone who reads the store and names "
+        f"its artifact folders: choose a name without it"
+    )
+
+
+class MaskedStream:
+    """A text stream that masks secrets in what is written to it, then writes it to the
+    current ``sys.stdout``/``sys.stderr`` (looked up on each write: a test, or a redirect,
+    may have replaced it since)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def _stream(self):
+        import sys
+
+        return getattr(sys, self._name)
+
+    def write(self, text: str) -> int:
+        self._stream.write(mask_text(text))
+        return len(text)
+
+    def __getattr__(self, attr: str):  # flush, isatty, fileno, encoding: the stream's own
+        return getattr(self._stream, attr)
 
 
 def mask_text(text: str, secrets: list[str] | None = None) -> str:
