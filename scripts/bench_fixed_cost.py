@@ -80,6 +80,7 @@ def load_line() -> str:
 
 
 CPU: dict[str, list[float]] = collections.defaultdict(list)  # CPU seconds of each process
+CPU_RATIOS: list[float] = []  # standalone pairs: tracked / untracked CPU seconds
 
 
 def timed(cmd: list[str], cwd: Path, label: str | None = None) -> float:
@@ -163,7 +164,8 @@ def measure_processes(args, tmp: Path) -> dict[str, list[float]]:
 
 def measure_standalone(args, tmp: Path) -> tuple[dict[str, list[float]], list[float]]:
     """The default run as a user types it, tracked and untracked, in pairs run back to back
-    (in alternating order, so that neither always runs first); the ratio of each pair."""
+    (in alternating order, so that neither always runs first); the ratio of each pair (of the
+    CPU seconds too: in CPU_RATIOS)."""
     folder = tmp / "standalone"
     folder.mkdir()
     uri = prepared_store(folder)
@@ -179,9 +181,10 @@ def measure_standalone(args, tmp: Path) -> tuple[dict[str, list[float]], list[fl
         for name, seconds in wall.items():
             results[name].append(seconds)
         ratios.append(wall["standalone, tracked"] / wall["standalone, untracked"])
+        CPU_RATIOS.append(CPU["standalone, tracked"][-1] / CPU["standalone, untracked"][-1])
         print(f"  pair {pair + 1}/{args.pairs}: tracked {wall['standalone, tracked']:.2f} s, "
               f"untracked {wall['standalone, untracked']:.2f} s, ratio {ratios[-1]:.3f} "
-              f"({load_line()})", flush=True)  # fmt: skip
+              f"(CPU {CPU_RATIOS[-1]:.3f}; {load_line()})", flush=True)  # fmt: skip
     return results, ratios
 
 
@@ -208,7 +211,8 @@ PHASES = [
     ("ampsweep.tracking.recorder", "MlflowRecorder.stop_system_metrics"),
     ("ampsweep.engine.export", "snapshot"), ("ampsweep.app.job", "Job._finish"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_model"),
-    ("ampsweep.tracking.modellog", "signature"), ("ampsweep.engine.export", "ModelSnapshot.predict"),
+    ("ampsweep.tracking.modellog", "signature"),
+    ("ampsweep.engine.export", "ModelSnapshot.predict"),
     ("mlflow.models", "infer_signature"),
     ("ampsweep.tracking.modellog", "pinned_requirements"),
     ("mlflow.tracking.client", "MlflowClient.create_logged_model"),
@@ -385,6 +389,8 @@ def main() -> int:
     print(f"{'tracked / untracked (paired)':<30} {ratio:>7.3f}x {min(ratios):>7.3f}x "
           f"{max(ratios):>7.3f}x {RATIO_TARGET:>7.2f}x  "
           f"{'meets target' if ok else 'ABOVE target'}")  # fmt: skip
+    print(f"{'  the same in CPU seconds':<30} {statistics.median(CPU_RATIOS):>7.3f}x "
+          f"{min(CPU_RATIOS):>7.3f}x {max(CPU_RATIOS):>7.3f}x")  # fmt: skip
     print()
     for name, values in CPU.items():  # depends less on the machine's load than wall time
         print(f"CPU seconds of {name}: median {statistics.median(values):.2f} (user + system)")
