@@ -1,28 +1,39 @@
 #!/usr/bin/env python
 """What a run costs beyond its training steps, each number printed against its target.
 
-  python scripts/bench_fixed_cost.py            # 5 repetitions, sweeps of 6 jobs (~5 min)
+  python scripts/bench_fixed_cost.py            # 5 repetitions, sweeps of 6 jobs (~6 min)
   python scripts/bench_fixed_cost.py --quick    # a dry run: 1 repetition, sweeps of 3 jobs
+  python scripts/bench_fixed_cost.py --where    # only: where the seconds of one run go
 
-Measured with model logging and system metrics on (the defaults), cnn on digits, CPU, in a
-temporary folder with its own SQLite store (created before the timing: a new store's schema
-migrations are a one-off cost):
+Measured with model logging, data sets and system metrics on (the defaults), cnn on digits,
+CPU, in a temporary folder with its own SQLite store (created before the timing: a new store's
+schema migrations are a one-off cost, printed as "new store"):
 
+  standalone, tracked  ampsweep train (the default run: 10 epochs), as a process
+  standalone, untracked  the same with tracking=none
+  tracked / untracked  the median over --pairs pairs of the ratio of the two, run back to back
+                     in alternating order (the machine's drift cancels)       target <= 1.10
   imports            python -c "import torch, mlflow, hydra": the floor of any run
-  1-step run         ampsweep train trainer.max_steps=1, as a process       target <= 5.5 s
+  1-step run         ampsweep train trainer.max_steps=1, as a process       target <= 3.0 s
   1-step, untracked  the same with tracking=none                            (for comparison)
+  new store          the 1-step run into a store that does not exist yet, less the 1-step run
   per job            of an in-process sweep of 1-step jobs, beyond training: (sweep of N jobs
                      - sweep of 1 job) / (N - 1), less a job's training (its perf/wall_s)
                                                                             target <= 0.5 s
   model, per job     what logging the model adds to a job's critical path in a sweep: the
                      same sweep with tracking.log_model=false, the difference / N
                                                                             target <= 0.5 s
-  model, logging     logging one model, timed in this process (warm): what it costs off the
-                     critical path (a sweep writes it while the next job trains)
+  model, logging     logging one model, timed in this process (warm): what it costs at the
+                     end of a standalone run (a sweep writes it while the next job trains)
   store calls        calls into MLflow's store by one 1-step job (counted, not timed)
 
-Wall-clock times are medians over --reps repetitions; the load average is printed at the
-start and the end: numbers from a busy machine say little (the counts do not depend on load).
+--where runs one standalone tracked run (in a subprocess, imports included) with a timer
+around each phase of it and prints them in order: imports, the store's start-up, the run's
+records, training, the model's logging (signature, files, upload, linked metrics) and the end.
+
+Wall-clock times are medians over --reps repetitions (best and worst beside them); the load
+average is printed at the start and the end: on a shared machine, trust the paired ratios and
+the CPU seconds (user + system of each process) more than single wall times.
 """
 
 from __future__ import annotations
@@ -46,7 +57,9 @@ SRC = REPO / "src"
 if SRC.is_dir() and str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))  # run from a checkout without installing
 
-TARGETS = {"1-step run": 5.5, "per job": 0.5, "model, per job": 0.5}
+TARGETS = {"1-step run": 3.0, "per job": 0.5, "model, per job": 0.5}
+RATIO_TARGET = 1.10  # standalone default run, tracked / untracked (paired median)
+DEFAULT_RUN = ["trainer.progress=false"]  # ampsweep train as typed, less the progress bar
 ONE_STEP = ["trainer.max_steps=1", "trainer.progress=false"]
 
 
@@ -54,7 +67,10 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--reps", type=int, default=5, help="repetitions of each timing (default 5)")
     p.add_argument("--jobs", type=int, default=6, help="jobs in the timed sweeps (default 6)")
+    p.add_argument("--pairs", type=int, default=5, help="standalone pairs (default 5)")
     p.add_argument("--quick", action="store_true", help="dry run: 1 repetition, 3-job sweeps")
+    p.add_argument("--where", action="store_true", help="only the phases of one tracked run")
+    p.add_argument("--timeline", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -64,6 +80,7 @@ def load_line() -> str:
 
 
 CPU: dict[str, list[float]] = collections.defaultdict(list)  # CPU seconds of each process
+CPU_RATIOS: list[float] = []  # standalone pairs: tracked / untracked CPU seconds
 
 
 def timed(cmd: list[str], cwd: Path, label: str | None = None) -> float:
@@ -122,6 +139,10 @@ def measure_processes(args, tmp: Path) -> dict[str, list[float]]:
         results["1-step run"].append(timed(run, folder, "1-step run"))
         untracked = ampsweep("train", "tracking=none", *ONE_STEP)
         results["1-step, untracked"].append(timed(untracked, folder, "1-step, untracked"))
+        fresh = folder / "new_store"  # the store is created (and migrated) by the run
+        fresh.mkdir()
+        new = ampsweep("train", f"tracking.uri=sqlite:///{fresh / 'mlflow.db'}", *ONE_STEP)
+        results["new store"].append(timed(new, fresh) - results["1-step run"][-1])
         for label, extra in (("with model", ()), ("without model", ("tracking.log_model=false",))):
             sub = folder / label.replace(" ", "_")
             sub.mkdir()
@@ -139,6 +160,141 @@ def measure_processes(args, tmp: Path) -> dict[str, list[float]]:
         results["model, per job"].append((model - plain) / args.jobs)
         print(f"  repetition {rep + 1}/{args.reps} done ({load_line()})", flush=True)
     return results
+
+
+def measure_standalone(args, tmp: Path) -> tuple[dict[str, list[float]], list[float]]:
+    """The default run as a user types it, tracked and untracked, in pairs run back to back
+    (in alternating order, so that neither always runs first); the ratio of each pair (of the
+    CPU seconds too: in CPU_RATIOS)."""
+    folder = tmp / "standalone"
+    folder.mkdir()
+    uri = prepared_store(folder)
+    variants = {
+        "standalone, tracked": ampsweep("train", f"tracking.uri={uri}", *DEFAULT_RUN),
+        "standalone, untracked": ampsweep("train", "tracking=none", *DEFAULT_RUN),
+    }
+    results: dict[str, list[float]] = collections.defaultdict(list)
+    ratios = []
+    for pair in range(args.pairs):
+        order = list(variants) if pair % 2 == 0 else list(reversed(variants))
+        wall = {name: timed(variants[name], folder, name) for name in order}
+        for name, seconds in wall.items():
+            results[name].append(seconds)
+        ratios.append(wall["standalone, tracked"] / wall["standalone, untracked"])
+        CPU_RATIOS.append(CPU["standalone, tracked"][-1] / CPU["standalone, untracked"][-1])
+        print(f"  pair {pair + 1}/{args.pairs}: tracked {wall['standalone, tracked']:.2f} s, "
+              f"untracked {wall['standalone, untracked']:.2f} s, ratio {ratios[-1]:.3f} "
+              f"(CPU {CPU_RATIOS[-1]:.3f}; {load_line()})", flush=True)  # fmt: skip
+    return results, ratios
+
+
+# ---------------------------------------------------------------- where the seconds go
+
+# The phases of a run, as (module, attribute): each is timed, wherever it runs.
+PHASES = [
+    ("ampsweep.app.train", "validate"), ("ampsweep.tracking.store", "prepare"),
+    ("ampsweep.tracking.store", "client_for"),
+    ("mlflow.store.tracking.sqlalchemy_store", "SqlAlchemyStore.__init__"),
+    ("ampsweep.app.train", "run_hydra"), ("ampsweep.app.job", "Job.plan"),
+    ("ampsweep.engine.build", "build"), ("ampsweep.app.job", "Job.open"),
+    ("ampsweep.app.job", "Job._tags"), ("ampsweep.tracking.recorder", "MlflowRecorder.start"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.log_params"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.log_text"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.set_tags"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.log_inputs"),
+    ("ampsweep.tracking.recorder", "SystemMetrics._run"),
+    ("ampsweep.tracking.recorder", "SystemMetrics._sample"),
+    ("ampsweep.tracking.recorder", "_collectors"),
+    ("ampsweep.app.job", "Job.train"), ("ampsweep.engine.loop", "fit"),
+    ("ampsweep.app.job", "Job.close"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.log_artifact"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.stop_system_metrics"),
+    ("ampsweep.engine.export", "snapshot"), ("ampsweep.app.job", "Job._finish"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.log_model"),
+    ("ampsweep.tracking.modellog", "signature"),
+    ("ampsweep.engine.export", "ModelSnapshot.predict"),
+    ("mlflow.models", "infer_signature"),
+    ("ampsweep.tracking.modellog", "pinned_requirements"),
+    ("mlflow.tracking.client", "MlflowClient.create_logged_model"),
+    ("mlflow.pytorch", "save_model"), ("mlflow.pytorch", "_save_example"),
+    ("mlflow.pytorch", "_process_pip_requirements"), ("torch", "save"),
+    ("mlflow.tracking.client", "MlflowClient.log_model_artifacts"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder._link_metrics"),
+    ("mlflow.tracking.client", "MlflowClient.finalize_logged_model"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.end"),
+    ("ampsweep.tracking.recorder", "MlflowRecorder.flush"),
+    ("mlflow.tracking.client", "MlflowClient.set_terminated"),
+]  # fmt: skip
+
+
+def timeline(argv: list[str]) -> int:
+    """One ``ampsweep`` command in this process, as ``ampsweep.app.cli.run`` runs it, each
+    phase timed; the phases printed in the order they began."""
+    import importlib
+    import threading
+
+    t0 = time.perf_counter()
+    from ampsweep.app import cli
+
+    events: list[tuple[float, float, str, str]] = []
+
+    def timer(name: str, fn):
+        @functools.wraps(fn)
+        def timed_call(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                thread = threading.current_thread().name
+                events.append((start - t0, time.perf_counter() - start, name, thread))
+
+        return timed_call
+
+    def phase(name: str, step):
+        start = time.perf_counter()
+        result = step()
+        events.append((start - t0, time.perf_counter() - start, name, "MainThread"))
+        return result
+
+    phase("imports (cli.preload)", lambda: cli.preload(argv))
+    for module, attr in PHASES:
+        owner = importlib.import_module(module)
+        *path, last = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, last, timer(attr, getattr(owner, last)))
+    sys.argv = ["ampsweep", *argv]
+    code = phase("cli.main", lambda: cli.main(argv))
+    phase("exit: threads joined, exit handlers", lambda: (threading._shutdown(), atexit()))
+    print(f"{'start':>7} {'seconds':>8}  phase (thread other than the main one in brackets)")
+    for start, seconds, name, thread in sorted(events):
+        if seconds >= 0.003:
+            where = "" if thread == "MainThread" else f" [{thread}]"
+            print(f"{start:7.3f} {seconds:8.3f}  {name}{where}")
+    print(f"{time.perf_counter() - t0:7.3f}           the whole process, after Python's start")
+    return code
+
+
+def atexit() -> None:
+    import atexit as handlers
+
+    handlers._run_exitfuncs()
+
+
+def measure_where(tmp: Path) -> None:
+    folder = tmp / "where"
+    folder.mkdir()
+    uri = prepared_store(folder)
+    for label, extra in (("a 1-step run", ONE_STEP), ("the default run", DEFAULT_RUN)):
+        print(f"\nwhere the seconds of {label} go (ampsweep train {' '.join(extra)}, tracked):")
+        cmd = [sys.executable, __file__, "--timeline", "train", f"tracking.uri={uri}", *extra]
+        env = {**os.environ, "PYTHONPATH": str(SRC)}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        res = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            sys.exit(f"failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+        out = res.stdout
+        print(out[out.index("  start") :].rstrip())  # the run's own output left out
 
 
 def measure_in_process(tmp: Path) -> tuple[float, collections.Counter]:
@@ -193,13 +349,22 @@ def measure_in_process(tmp: Path) -> tuple[float, collections.Counter]:
 
 def main() -> int:
     args = parse_args()
+    if args.timeline is not None:
+        return timeline(args.timeline)
+    if args.where:
+        print(f"at start: {load_line()}")
+        with tempfile.TemporaryDirectory() as tmp:
+            measure_where(Path(tmp))
+        print(f"at end:   {load_line()}")
+        return 0
     if args.quick:
-        args.reps, args.jobs = 1, 3
+        args.reps, args.jobs, args.pairs = 1, 3, 1
     print(f"ampsweep fixed-cost benchmark: cnn on digits, CPU, {args.reps} repetition(s), "
           f"sweeps of {args.jobs} one-step jobs; python {sys.version.split()[0]}")  # fmt: skip
     print(f"at start: {load_line()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        results = measure_processes(args, Path(tmp))
+        results, ratios = measure_standalone(args, Path(tmp))
+        results.update(measure_processes(args, Path(tmp)))
         log_model_s, calls = measure_in_process(Path(tmp))
     print(f"at end:   {load_line()}")
     print()
@@ -218,6 +383,14 @@ def main() -> int:
         print(f"{name:<30} {median:>7.2f}s {min(values):>7.2f}s {max(values):>7.2f}s "
               f"{shown:>8}  {verdict}")  # fmt: skip
     print(f"{'model, logging (in process)':<30} {log_model_s:>7.2f}s")
+    ratio = statistics.median(ratios)
+    ok = ratio <= RATIO_TARGET
+    failed |= not ok
+    print(f"{'tracked / untracked (paired)':<30} {ratio:>7.3f}x {min(ratios):>7.3f}x "
+          f"{max(ratios):>7.3f}x {RATIO_TARGET:>7.2f}x  "
+          f"{'meets target' if ok else 'ABOVE target'}")  # fmt: skip
+    print(f"{'  the same in CPU seconds':<30} {statistics.median(CPU_RATIOS):>7.3f}x "
+          f"{min(CPU_RATIOS):>7.3f}x {max(CPU_RATIOS):>7.3f}x")  # fmt: skip
     print()
     for name, values in CPU.items():  # depends less on the machine's load than wall time
         print(f"CPU seconds of {name}: median {statistics.median(values):.2f} (user + system)")

@@ -5,6 +5,7 @@
   python scripts/bench_overhead.py --precisions fp32,fp16,bf16 --device cuda --model resnet18 \\
       --dataset synthetic --batch-size 256 --steps 200  # the same on a GPU
   python scripts/bench_overhead.py --quick              # a dry run of a few seconds
+  python scripts/bench_overhead.py --steps 1200 --reps 5   # long runs only
 
 Variants, per precision mode, each run in-process (``engine.build.build`` then
 ``engine.loop.fit``, exactly what ``ampsweep train`` runs after composing the config; building
@@ -27,7 +28,8 @@ excludes everything done between steps). Repetitions interleave the variants (in
 order) so that a change of machine load hits all of them; ratios are printed as the median of
 the per-repetition ratios, and the ratio of the best runs. Targets, judged on the paired median:
 runner >= 0.98 x plain loop, runner+mlflow >= 0.98 x runner, judged on the median of the
-ratios of runs made back to back.
+ratios of runs made back to back. Two run lengths by default: 300 steps (15 repetitions), where
+the one-off work of a run is a visible share, and 1,200 steps (5 repetitions), where it is not.
 """
 
 from __future__ import annotations
@@ -74,8 +76,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     # Many short interleaved runs rather than a few long ones: on a shared or virtual machine
     # the speed drifts over seconds, and a ratio of two runs made back to back cancels it.
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
-    p.add_argument("--reps", type=int, default=15, help="interleaved repetitions (default 15)")
+    p.add_argument("--steps", default="300,1200", help="optimizer steps per run, one or more "
+                   "run lengths (default 300,1200)")  # fmt: skip
+    p.add_argument("--reps", default="15,5", help="interleaved repetitions of each run length "
+                   "(default 15,5)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], help="extra config overrides")
     p.add_argument(
         "--quick",
@@ -239,10 +243,14 @@ def load_line() -> str:
 def main() -> int:
     args = parse_args()
     modes = args.precisions.split(",")
-    reps = 1 if args.quick else args.reps
+    lengths = [8] if args.quick else [int(n) for n in args.steps.split(",")]
+    reps_of = [1] if args.quick else [int(n) for n in args.reps.split(",")]
+    if len(reps_of) != len(lengths):
+        sys.exit(f"--reps {args.reps}: one count per run length of --steps {args.steps}")
     print(
         f"ampsweep overhead benchmark: model={args.model} dataset={args.dataset} "
-        f"batch={args.batch_size} device={args.device} reps={reps} (interleaved)"
+        f"batch={args.batch_size} device={args.device} steps={lengths} reps={reps_of} "
+        "(interleaved)"
     )
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, python "
@@ -251,26 +259,24 @@ def main() -> int:
     if args.device == "cuda" and torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     print(f"at start: {load_line()}")
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    samples: dict[str, int] = {}
+    results: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
         os.environ.setdefault("MLFLOW_TRACKING_URI", store)  # nothing lands in ./outputs
-        for mode in modes:
-            steps = 8 if args.quick else args.steps
-            samples[mode] = steps * args.batch_size
-            for variant in VARIANTS:  # warm up: imports, caches, the store's tables
-                run_variant(args, variant, mode, min(steps, 4), store)
-            for rep in range(reps):
-                order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
-                for variant in order:
-                    wall, step_ms = run_variant(args, variant, mode, steps, store)
-                    results.setdefault((mode, variant), []).append((wall, step_ms))
-                    print(
-                        f"  rep {rep + 1}/{reps} {mode:>9} {variant:<14} {wall:7.2f} s "
-                        f"{samples[mode] / wall:9.1f} samples/s",
-                        flush=True,
-                    )
+        for steps, reps in zip(lengths, reps_of, strict=True):
+            for mode in modes:
+                for variant in VARIANTS:  # warm up: imports, caches, the store's tables
+                    run_variant(args, variant, mode, min(steps, 4), store)
+                for rep in range(reps):
+                    order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
+                    for variant in order:
+                        wall, step_ms = run_variant(args, variant, mode, steps, store)
+                        results.setdefault((mode, steps, variant), []).append((wall, step_ms))
+                        print(
+                            f"  rep {rep + 1}/{reps} {mode:>9} {steps:>5} steps {variant:<14} "
+                            f"{wall:7.2f} s {steps * args.batch_size / wall:9.1f} samples/s",
+                            flush=True,
+                        )
     print(f"at end:   {load_line()}")
     print()
     header = (
@@ -279,39 +285,41 @@ def main() -> int:
     )
     print(header)
     print("-" * len(header))
-    for mode in modes:
-        for variant in VARIANTS:
-            runs = results[(mode, variant)]
-            tput = [samples[mode] / w for w, _ in runs]
-            step = statistics.median(s for _, s in runs)
-            print(
-                f"{mode:<10} {variant:<14} {samples[mode] // args.batch_size:>5} "
-                f"{max(tput):>11.1f} {statistics.median(tput):>9.1f} {min(tput):>9.1f} "
-                f"{args.batch_size * 1e3 / step:>13.1f}"
-            )
+    for steps in lengths:
+        for mode in modes:
+            for variant in VARIANTS:
+                runs = results[(mode, steps, variant)]
+                tput = [steps * args.batch_size / w for w, _ in runs]
+                step = statistics.median(s for _, s in runs)
+                print(
+                    f"{mode:<10} {variant:<14} {steps:>5} {max(tput):>11.1f} "
+                    f"{statistics.median(tput):>9.1f} {min(tput):>9.1f} "
+                    f"{args.batch_size * 1e3 / step:>13.1f}"
+                )
     print()
     header = (
-        f"{'precision':<10} {'ratio':<22} {'best':>6} {'median':>6} {'step':>6} "
+        f"{'precision':<10} {'steps':>5} {'ratio':<22} {'best':>6} {'median':>6} {'step':>6} "
         f"{'target':>7}  verdict (on the paired median)"
     )
     print(header)
     print("-" * len(header))
     failed = False
-    for mode in modes:
-        for name, (num, den, target) in TARGETS.items():
-            a, b = results[(mode, num)], results[(mode, den)]
-            best = min(w for w, _ in b) / min(w for w, _ in a)
-            wall = statistics.median(bw / aw for (aw, _), (bw, _) in zip(a, b, strict=True))
-            step = statistics.median(bs / as_ for (_, as_), (_, bs) in zip(a, b, strict=True))
-            verdict = "-"
-            if target is not None:
-                verdict = "meets target" if wall >= target else "BELOW target"
-                failed |= wall < target
-            shown = f"{target:.2f}" if target else "-"
-            print(
-                f"{mode:<10} {name:<22} {best:>6.3f} {wall:>6.3f} {step:>6.3f} {shown:>7}  "
-                f"{verdict}"
-            )
+    for steps in lengths:
+        for mode in modes:
+            for name, (num, den, target) in TARGETS.items():
+                a, b = results[(mode, steps, num)], results[(mode, steps, den)]
+                best = min(w for w, _ in b) / min(w for w, _ in a)
+                wall = statistics.median(bw / aw for (aw, _), (bw, _) in zip(a, b, strict=True))
+                step = statistics.median(bs / as_ for (_, as_), (_, bs) in zip(a, b, strict=True))
+                verdict = "-"
+                if target is not None:
+                    verdict = "meets target" if wall >= target else "BELOW target"
+                    failed |= wall < target
+                shown = f"{target:.2f}" if target else "-"
+                print(
+                    f"{mode:<10} {steps:>5} {name:<22} {best:>6.3f} {wall:>6.3f} {step:>6.3f} "
+                    f"{shown:>7}  {verdict}"
+                )
     print()
     print(
         "wall: samples/s over each whole run (logging, one-off costs and the final evaluation "

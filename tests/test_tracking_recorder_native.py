@@ -15,6 +15,7 @@ from ampsweep.config.schema import TrackingConfig
 from ampsweep.engine import export
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.fingerprint import DataInput
+from ampsweep.tracking import modellog
 from ampsweep.tracking import recorder as rec
 from ampsweep.tracking import store as mlflow_store
 
@@ -110,12 +111,12 @@ def test_the_model_is_logged_to_the_runs_experiment_with_its_final_metrics(store
 
 
 def test_requirements_are_pinned_from_what_is_installed():
-    reqs = rec.pinned_requirements({"torch", "torchvision", "ampsweep", "mynets"})
+    reqs = modellog.pinned_requirements({"torch", "torchvision", "ampsweep", "mynets"})
     names = [r.split("==")[0] for r in reqs]
     assert names == ["torch", "cloudpickle", "numpy", "torchvision"]
     assert all("+" not in r for r in reqs)  # local labels (+cu130) are not on PyPI
     # ampsweep's and a local module's classes travel inside the pickle instead
-    assert rec.pickled_by_value({"torch", "ampsweep", "mynets"}) == {"ampsweep", "mynets"}
+    assert modellog.pickled_by_value({"torch", "ampsweep", "mynets"}) == {"ampsweep", "mynets"}
 
 
 NETS = """

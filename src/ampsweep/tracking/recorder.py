@@ -17,7 +17,6 @@ train meanwhile (the jobs of an in-process sweep).
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ampsweep.config.schema import TrackingConfig
-from ampsweep.tracking import journal, store
+from ampsweep.tracking import journal, modellog, store
 from ampsweep.tracking.journal import Journal
 from ampsweep.tracking.secrets import mask_text, mask_values, masked_copy, secret_values
 
@@ -354,18 +353,14 @@ class MlflowRecorder:
         MLflow's global tracking URI, experiment and active run (the jobs of a sweep share a
         process, and this runs on a background thread): a LoggedModel is created in the run's
         experiment, ``mlflow.pytorch.save_model`` writes it (pickle format, the one every
-        precision mode loads back; the signature and input example of one batch; the pip
-        requirements pinned from what is installed, never inferred: inference costs seconds),
+        precision mode loads back; the input example of one batch and the signature; the pip
+        requirements pinned from what is installed, never inferred: ``modellog`` says why),
         and its files are uploaded. The run's metrics of ``step`` are linked to the model."""
         import mlflow.pytorch
         from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-        from mlflow.models import Model, infer_signature
+        from mlflow.models import Model
 
-        try:
-            output = snapshot.predict(snapshot.example)
-        except Exception:  # e.g. a float8 model trained on a GPU does not run on the CPU
-            output = None  # the signature then records the inputs only
-        signature = infer_signature(snapshot.example, output)
+        signature = modellog.signature(snapshot)  # what it cannot compute, it leaves out
         model = self.client.create_logged_model(
             self.experiment_id,
             name=name,
@@ -382,7 +377,8 @@ class MlflowRecorder:
                     run_id=self.run_id,
                     model_id=model.model_id,
                 )
-                with _pickled_by_value(pickled_by_value(snapshot.packages)), _no_env_scan():
+                by_value = modellog.pickled_by_value(snapshot.packages)
+                with modellog.classes_pickled_by_value(by_value), modellog.no_env_scan():
                     mlflow.pytorch.save_model(
                         snapshot.module,
                         path,
@@ -390,7 +386,7 @@ class MlflowRecorder:
                         signature=signature,
                         input_example=snapshot.example,
                         serialization_format="pickle",
-                        pip_requirements=pinned_requirements(snapshot.packages),
+                        pip_requirements=modellog.pinned_requirements(snapshot.packages),
                     )
                 self.client.log_model_artifacts(model.model_id, path)
             self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
@@ -484,77 +480,6 @@ class MlflowRecorder:
 # ---------------------------------------------------------------- the model's files
 
 CONTEXTS = {"train": store.TRAINING, "val": store.VALIDATION}  # a split's MLflow context
-
-# Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
-BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
-
-
-def _installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def pickled_by_value(packages: Iterable[str]) -> set[str]:
-    """Packages whose classes are pickled with the model, by value: ampsweep's own (not on
-    PyPI) and any that is not an installed distribution (a user's local module), so the model
-    loads where neither is importable. Classes of installed packages are pickled by reference
-    and the packages pinned as requirements."""
-    own = {p for p in packages if p == "ampsweep" or _installed(p) is None}
-    return own - {"__main__", "builtins"}  # cloudpickle pickles __main__'s by value already
-
-
-def pinned_requirements(packages: Iterable[str]) -> list[str]:
-    """``name==version`` of what loading the model needs: torch, cloudpickle, numpy and the
-    installed packages its classes come from (torchvision, timm, transformers, torchao...).
-    Versions are read from the installed distributions (local labels such as ``+cu128``
-    dropped, so pip finds them), which is instant; MLflow's inference would load the model in
-    a subprocess."""
-    by_value = pickled_by_value(packages)
-    out = []
-    for name in dict.fromkeys([*BASE_REQUIREMENTS, *sorted(packages)]):
-        version = None if name in by_value else _installed(name)
-        if version is not None:
-            out.append(f"{name}=={version.split('+')[0]}")
-    return out
-
-
-@contextlib.contextmanager
-def _no_env_scan():
-    """Skip MLflow's check of the pinned requirements against the environment while a model
-    is saved: it first maps every module of every installed distribution to its package (a
-    walk over tens of thousands of files: about 0.3 s of CPU, once per process) and can only
-    pass here, since the pins were read from this environment. MLflow skips the walk when its
-    map exists; an empty one lasts for the save alone (``None`` again after), so whatever else
-    in the process later infers requirements still gets the real map. If MLflow renames the
-    map, nothing is skipped: a save merely takes longer."""
-    from mlflow.utils import requirements_utils as reqs
-
-    if getattr(reqs, "_MODULES_TO_PACKAGES", ...) is not None:
-        yield  # computed already (cheap from now on), or not MLflow's layout any more
-        return
-    reqs._MODULES_TO_PACKAGES = {}
-    try:
-        yield
-    finally:
-        reqs._MODULES_TO_PACKAGES, reqs._PACKAGES_TO_MODULES = None, None
-
-
-@contextlib.contextmanager
-def _pickled_by_value(packages: set[str]):
-    import sys
-
-    import cloudpickle
-
-    modules = [sys.modules[p] for p in sorted(packages) if p in sys.modules]
-    for m in modules:
-        cloudpickle.register_pickle_by_value(m)
-    try:
-        yield
-    finally:
-        for m in modules:
-            cloudpickle.unregister_pickle_by_value(m)
 
 
 def _tensor_spec(name: str, dtype: str, shape: tuple[int, ...]) -> dict:

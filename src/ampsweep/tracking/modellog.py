@@ -1,0 +1,137 @@
+"""What a logged model carries besides its weights, made cheap for the end of a run.
+
+A run's end waits for its model to be logged (a run is FINISHED only once its model is
+recorded), so whatever logging costs lands on the wall time of every standalone run. Two
+things MLflow would do there cost seconds and are replaced here:
+
+- the requirements: MLflow infers them by loading the saved model in a subprocess (9-15 s)
+  and checks pins against a map of every module of every installed distribution (a walk over
+  tens of thousands of files, ~0.3 s of CPU once per process). ampsweep pins what loading the
+  model needs from the installed versions instead, reads them once per process and
+  environment, and skips the walk (it can only agree: the pins come from this environment);
+- the signature's output: one forward of the model on the whole input example (a batch of up
+  to 65,536 values: 0.3-0.9 s for a ResNet on a CPU) where two rows give the same signature.
+
+Everything else MLflow writes (MLmodel, the pickled module, requirements and environment
+files, the input example) is what ``mlflow.pytorch.load_model`` and the UI read, and costs
+milliseconds; the numbers are in the docs' performance page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+# Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
+BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
+
+# Rows of the input example the signature's output is computed from: two, not one, so that a
+# model which squeezes its output still shows its batch dimension.
+SIGNATURE_ROWS = 2
+
+
+def signature(snapshot) -> Any:
+    """The model's signature: the whole input example's inputs, the outputs of its first rows
+    (a model whose forward does not run on the CPU, e.g. a float8 model trained on a GPU, gets
+    its inputs only)."""
+    from mlflow.models import infer_signature
+
+    try:
+        output = snapshot.predict(snapshot.example[:SIGNATURE_ROWS])
+    except Exception:
+        output = None
+    return infer_signature(snapshot.example, output)
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment_key() -> tuple:
+    """What the installed distributions depend on, cheap to read: the interpreter and the
+    modification time of each folder on ``sys.path`` (installing, upgrading or removing a
+    distribution adds or removes a ``*.dist-info`` entry in its folder)."""
+    folders = []
+    for entry in sys.path:
+        with contextlib.suppress(OSError):
+            folders.append((entry, os.stat(entry or ".").st_mtime_ns))
+    return (sys.executable, sys.version, tuple(folders))
+
+
+def pickled_by_value(packages: Iterable[str]) -> set[str]:
+    """Packages whose classes are pickled with the model, by value: ampsweep's own (not on
+    PyPI) and any that is not an installed distribution (a user's local module), so the model
+    loads where neither is importable. Classes of installed packages are pickled by reference
+    and the packages pinned as requirements."""
+    return set(_by_value(frozenset(packages), environment_key()))
+
+
+def pinned_requirements(packages: Iterable[str]) -> list[str]:
+    """``name==version`` of what loading the model needs: torch, cloudpickle, numpy and the
+    installed packages its classes come from (torchvision, timm, transformers, torchao...).
+    Versions are read from the installed distributions (local labels such as ``+cu128``
+    dropped, so pip finds them), once per process and environment: the jobs of a sweep log
+    the same packages, and so does a rerun."""
+    return list(_pins(frozenset(packages), environment_key()))
+
+
+@functools.lru_cache(maxsize=64)
+def _by_value(packages: frozenset[str], environment: tuple) -> frozenset[str]:
+    own = {p for p in packages if p == "ampsweep" or _installed(p) is None}
+    # cloudpickle pickles __main__'s classes by value already
+    return frozenset(own - {"__main__", "builtins"})
+
+
+@functools.lru_cache(maxsize=64)
+def _pins(packages: frozenset[str], environment: tuple) -> tuple[str, ...]:
+    by_value = _by_value(packages, environment)
+    out = []
+    for name in dict.fromkeys([*BASE_REQUIREMENTS, *sorted(packages)]):
+        version = None if name in by_value else _installed(name)
+        if version is not None:
+            out.append(f"{name}=={version.split('+')[0]}")
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def no_env_scan():
+    """Skip MLflow's check of the pinned requirements against the environment while a model
+    is saved: it first maps every module of every installed distribution to its package (a
+    walk over tens of thousands of files: about 0.3 s of CPU, once per process) and can only
+    pass here, since the pins were read from this environment. MLflow skips the walk when its
+    map exists; an empty one lasts for the save alone (``None`` again after), so whatever else
+    in the process later infers requirements still gets the real map. If MLflow renames the
+    map, nothing is skipped: a save merely takes longer."""
+    from mlflow.utils import requirements_utils as reqs
+
+    if getattr(reqs, "_MODULES_TO_PACKAGES", ...) is not None:
+        yield  # computed already (cheap from now on), or not MLflow's layout any more
+        return
+    reqs._MODULES_TO_PACKAGES = {}
+    try:
+        yield
+    finally:
+        reqs._MODULES_TO_PACKAGES, reqs._PACKAGES_TO_MODULES = None, None
+
+
+@contextlib.contextmanager
+def classes_pickled_by_value(packages: set[str]):
+    """cloudpickle pickles the classes of ``packages`` (already imported) by value inside."""
+    import cloudpickle
+
+    modules = [sys.modules[p] for p in sorted(packages) if p in sys.modules]
+    for m in modules:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            cloudpickle.unregister_pickle_by_value(m)

@@ -1,0 +1,78 @@
+"""tracking.modellog: a logged model's signature from the first rows of its input example, and
+its pinned requirements read once per environment."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from ampsweep.engine.export import ModelSnapshot
+from ampsweep.tracking import modellog
+
+
+class Rows(torch.nn.Module):
+    """Counts the rows it sees; squeezes its output like some user models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.rows: list[int] = []
+
+    def forward(self, x):
+        self.rows.append(len(x))
+        return self.fc(x).squeeze()
+
+
+def test_the_signature_runs_two_rows_and_describes_the_whole_example():
+    net = Rows()
+    example = np.zeros((64, 4), dtype=np.float32)
+    sig = modellog.signature(ModelSnapshot(net, example))
+    assert net.rows == [2]  # not a forward over the 64 rows of the example
+    [inputs], [outputs] = sig.inputs.inputs, sig.outputs.inputs
+    assert inputs.shape == (-1, 4) and outputs.shape == (-1, 3)  # the batch stays a batch
+    assert sig.inputs.inputs[0].type == np.dtype("float32")
+
+
+def test_a_model_that_cannot_run_gets_the_signature_of_its_inputs():
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("float8 matmul needs a GPU")
+
+    sig = modellog.signature(ModelSnapshot(Broken(), np.zeros((8, 4), dtype=np.float32)))
+    assert sig.inputs.inputs[0].shape == (-1, 4) and sig.outputs is None
+
+
+def test_requirements_are_read_once_per_environment(monkeypatch):
+    reads = []
+    real = modellog._installed
+    monkeypatch.setattr(modellog, "_installed", lambda name: reads.append(name) or real(name))
+    modellog._pins.cache_clear()
+    modellog._by_value.cache_clear()
+    first = modellog.pinned_requirements({"torch", "timm", "ampsweep"})
+    assert first[:3] == [f"{n}=={real(n).split('+')[0]}" for n in ("torch", "cloudpickle", "numpy")]
+    count = len(reads)
+    assert count > 0
+    assert modellog.pinned_requirements({"ampsweep", "timm", "torch"}) == first
+    assert len(reads) == count  # the next job of a sweep, or a rerun: nothing read again
+    # a distribution installed or removed changes its folder's mtime: read again
+    key = modellog.environment_key()
+    monkeypatch.setattr(modellog, "environment_key", lambda: (*key[:2], ()))
+    assert modellog.pinned_requirements({"torch", "timm", "ampsweep"}) == first
+    assert len(reads) > count
+
+
+def test_installing_a_distribution_changes_the_environment_key(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = modellog.environment_key()
+    (tmp_path / "pkg-1.0.dist-info").mkdir()
+    os.utime(tmp_path, ns=(0, os.stat(tmp_path).st_mtime_ns + 1))  # coarse clocks
+    assert modellog.environment_key() != before
+
+
+@pytest.mark.parametrize("packages", [set(), {"torch"}])
+def test_the_base_requirements_are_always_pinned(packages):
+    names = [r.split("==")[0] for r in modellog.pinned_requirements(packages)]
+    assert names == ["torch", "cloudpickle", "numpy"]
