@@ -38,8 +38,13 @@ class LockStore(Callback):
     def after_step(self, state) -> None:
         if state.step == self.start:
             locked = Path(self.db).with_suffix(".locked")
+            # without the command's pipes: a test reading them to the end would otherwise wait
+            # for this holder too (up to ``hold`` seconds after the command ended)
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", HOLD, self.db, str(locked), str(self.flag), str(self.hold)]
+                [sys.executable, "-c", HOLD, self.db, str(locked), str(self.flag), str(self.hold)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             while not locked.exists():
                 time.sleep(0.05)

@@ -61,7 +61,8 @@ COLUMNS = [
     Column("activation_ratio", "act mem", "x"),
     Column("peak_mib", "peak MiB", ",.0f", console=False, when="numbers"),
     Column("peak_ratio", "peak mem", "x", when="numbers", drop=2),
-    Column("max_batch", "max batch", ",.0f", when="numbers", drop=3),
+    # only there when asked for (report --memory-budget), so never dropped to fit the console
+    Column("max_batch", "max batch", ",.0f", when="numbers"),
     Column("max_batch_ratio", "batch x", "x", console=False, when="numbers"),
     Column("bytes_per_sample", "B/sample", ",.0f", console=False, when="numbers"),
     Column("model_mib", "model MiB", ".3g", console=False, when="numbers"),
