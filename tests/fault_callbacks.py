@@ -68,3 +68,43 @@ class DiskFull(Callback):
     def _full(self, obj, f, *args, **kwargs):
         Path(f).write_bytes(b"partial checkpoint")
         raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class ServerOutage(Callback):
+    """The MLflow tracking server killed at step ``start`` (SIGKILL: it answers nothing, as a
+    lost machine) and started again on the same port and store at step ``end``. ``pidfile``
+    holds the server's pid and ``cmdfile`` its command (JSON), both written by the test; the
+    restarted server's pid replaces the old one so the test can stop it."""
+
+    def __init__(self, pidfile: str, cmdfile: str, url: str, start: int, end: int):
+        self.pidfile, self.cmdfile, self.url = Path(pidfile), Path(cmdfile), url
+        self.start, self.end = start, end
+
+    def after_step(self, state) -> None:
+        import json
+        import os
+        import signal
+
+        from ampsweep.app import ui
+
+        if state.step == self.start:
+            pid = int(self.pidfile.read_text())
+            os.killpg(pid, signal.SIGKILL)  # the server and its workers (its own session)
+            while _alive(pid):
+                time.sleep(0.05)
+        if state.step == self.end:
+            cmd = json.loads(self.cmdfile.read_text())
+            log = self.pidfile.with_suffix(".log")
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.open("a"),
+                                    stderr=subprocess.STDOUT, env=ui.server_env(),
+                                    start_new_session=True)  # fmt: skip
+            self.pidfile.write_text(str(proc.pid))
+            ui.wait_until_up(self.url, proc, 120, log)
+
+
+def _alive(pid: int) -> bool:
+    """False once ``pid`` is gone or a zombie (killed, not yet reaped by its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

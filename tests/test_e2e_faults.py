@@ -6,6 +6,7 @@ database, read-only or locked (one line each), and two identical sweeps launched
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -297,3 +298,52 @@ def test_sweeps_of_the_same_second_claim_distinct_folders(tmp_path):
     claimed = [claim_dir(planned) for _ in range(3)]
     assert claimed == [planned, planned.with_name("12-00-00-2"), planned.with_name("12-00-00-3")]
     assert all(p.is_dir() for p in claimed)
+
+
+@pytest.mark.slow
+def test_a_tracking_server_down_mid_run_loses_nothing(tmp_path):
+    """The server killed at step 4 and back at step 14 (MLflow's retries off, so the outage
+    outlasts them at once): the run trains on, its records wait in the journal, and at the end
+    the store has the same history as an uninterrupted run's, FINISHED."""
+    import json
+    import signal
+    import sys
+
+    from conftest import free_port
+
+    from ampsweep.app import ui
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+           "--serve-artifacts", "--artifacts-destination", str(tmp_path / "artifacts")]  # fmt: skip
+    pidfile, cmdfile = tmp_path / "server.pid", tmp_path / "server.json"
+    cmdfile.write_text(json.dumps(cmd))
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=ui.server_env(), start_new_session=True)  # fmt: skip
+    pidfile.write_text(str(proc.pid))
+    try:
+        ui.wait_until_up(url, proc, 120, log)
+        args = [*resumable(tmp_path / "ck", "trainer.max_steps=24", "trainer.checkpoint_every=6"),
+                f"tracking.uri={url}", "tracking.metrics_flush_every=1"]  # fmt: skip
+        outage = (
+            f"trainer.callbacks=[{{_target_: fault_callbacks.ServerOutage, pidfile: {pidfile}, "
+            f"cmdfile: {cmdfile}, url: '{url}', start: 4, end: 14}}]"
+        )
+        env = {**callback_env(), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}  # fmt: skip
+        run = run_cli(["train", *args, outage], tmp_path, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "Traceback" not in run.stderr
+        assert "training goes on, its records wait in" in run.stderr, run.stderr[-3000:]
+        (recorded,) = all_runs(url)
+        assert recorded.info.status == store.FINISHED
+        folder = Path(recorded.data.tags[store.CHECKPOINT_DIR])
+        assert not (folder / journal.NAME).exists()  # written, then removed
+        reference = job.run_job(config.load([*args, "tracking.experiment=reference"]))
+        same_history(store.client_for(url), recorded, reference.run_id)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.killpg(int(pidfile.read_text()), signal.SIGKILL)
