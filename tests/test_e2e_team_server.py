@@ -32,6 +32,24 @@ def _status(port: int, host_header: str) -> int:
         return err.code
 
 
+def _reader(proc: subprocess.Popen) -> queue.Queue[str]:
+    """The server's output lines, read on a thread (so a wait can time out)."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    return lines
+
+
+def _wait_for_ui(proc: subprocess.Popen, lines: queue.Queue[str], seen: list[str]) -> None:
+    """Until ``ampsweep ui`` says it serves (each line read kept in ``seen``)."""
+    deadline = time.monotonic() + 180
+    while not any(x.startswith("MLflow UI: ") for x in seen):
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        try:
+            seen.append(lines.get(timeout=1))
+        except queue.Empty:
+            pass
+
+
 def test_allowed_hosts_let_another_name_in_and_keep_unknown_ones_out(tmp_path, empty_store):
     import shutil
 
@@ -44,17 +62,9 @@ def test_allowed_hosts_let_another_name_in_and_keep_unknown_ones_out(tmp_path, e
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    seen: list[str] = []
+    lines, seen = _reader(proc), []
     try:
-        deadline = time.monotonic() + 180
-        while not any(x.startswith("MLflow UI: ") for x in seen):
-            assert time.monotonic() < deadline and proc.poll() is None, seen
-            try:
-                seen.append(lines.get(timeout=1))
-            except queue.Empty:
-                pass
+        _wait_for_ui(proc, lines, seen)
         assert _status(port, f"mlflow.lab.example:{port}") == 200  # the name others use
         assert _status(port, f"127.0.0.1:{port}") == 200  # this machine still gets in
         assert _status(port, f"evil.example:{port}") == 403  # DNS rebinding stays refused
@@ -137,18 +147,10 @@ def test_a_team_server_refuses_a_user_without_permission_and_records_one_with_it
     }
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    seen: list[str] = []
+    lines, seen = _reader(proc), []
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while not any(x.startswith("MLflow UI: ") for x in seen):
-            assert time.monotonic() < deadline and proc.poll() is None, seen
-            try:
-                seen.append(lines.get(timeout=1))
-            except queue.Empty:
-                pass
+        _wait_for_ui(proc, lines, seen)
         assert _status(port, f"127.0.0.1:{port}") == 401  # nothing without a login
         with monkeypatch.context() as admin:  # the admin creates the users and the experiment
             for name, value in _as("admin").items():
