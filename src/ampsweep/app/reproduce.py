@@ -208,6 +208,8 @@ def primary_config(run_id: str, text: str, overrides: list[str], folder: Path) -
             for derived in DERIVED_PRECISION:
                 cfg.precision[derived] = None
             cfg.precision.scaler.enabled = cfg.precision.scaler.dynamic = None
+            if "fsdp" in cfg.precision:  # FSDP's policy defaults from the mode, as the scaler's
+                cfg.precision.fsdp.param_dtype = cfg.precision.fsdp.reduce_dtype = None
         plain.append(o)
     folder.mkdir(parents=True, exist_ok=True)
     header = HEADER.format(run_id=run_id, folder=folder, short=run_id[:8])
