@@ -130,14 +130,17 @@ def _train(overrides: list[str]) -> dict:
         weights = full.state_dict() if full is not None else {}
     else:
         weights = distributed.unwrap(setup.model).state_dict()
+    # weights that FSDP all-gathers in fp8 (torchao's tensor subclass inside the DTensor)
+    fp8_gathered = sum(type(sharded.local(p)).__name__ == "WeightWithDynamicFloat8CastTensor"
+                       for p in setup.model.parameters())  # fmt: skip
     return {"losses": [x for x in losses if x is not None], "summary": summary,
             "weights": {k: v.clone() for k, v in weights.items()},
-            "sharded": sharded.is_sharded(setup.model)}  # fmt: skip
+            "sharded": sharded.is_sharded(setup.model), "fp8_gathered": fp8_gathered}  # fmt: skip
 
 
 def fsdp_against_ddp() -> dict:
     """fp32 under DDP and FSDP on the CNN and the GPT; bf16 parameters under FSDP with fp32 and
-    with bf16 reduction; fp16 with its GradScaler under FSDP."""
+    with bf16 reduction; fp16 with its GradScaler under FSDP; fp8 gathers (emulated)."""
     out = {}
     for name, base in (("cnn", CNN), ("gpt", GPT)):
         for strategy in ("ddp", "fsdp"):
@@ -147,6 +150,8 @@ def fsdp_against_ddp() -> dict:
         out[f"gpt-bf16-{reduce}"] = _train([*GPT, "precision=bf16", "trainer.strategy=fsdp",
                                             f"precision.fsdp.reduce_dtype={reduce}"])  # fmt: skip
     out["cnn-fp16"] = _train([*CNN, "precision=fp16", "trainer.strategy=fsdp"])
+    out["gpt-fp8"] = _train([*GPT, "precision=fp8_tensorwise", "precision.fp8.emulate=true",
+                             "trainer.strategy=fsdp"])  # fmt: skip
     return out
 
 
@@ -194,6 +199,11 @@ def test_fsdp_trains_as_ddp_does_and_its_precision_policy_runs(tmp_path):
         assert run["losses"][-1] < run["losses"][0]
     assert a["losses"] != b["losses"]
     assert a["losses"] != r0["gpt-fsdp"]["losses"]  # bf16 parameters are not fp32's
+    # fp8 under FSDP: its Linear weights are all-gathered in fp8 (torchao's tensorwise
+    # recipe, emulated on a CPU) and it trains
+    fp8 = r0["gpt-fp8"]
+    assert fp8["fp8_gathered"] > 0 and all(math.isfinite(x) for x in fp8["losses"])
+    assert fp8["losses"][-1] < fp8["losses"][0]
     fp16 = r0["cnn-fp16"]
     assert fp16["summary"]["amp/loss_scale"] > 0 and all(math.isfinite(x) for x in fp16["losses"])
     # What a rank holds under FSDP: half the parameters of the whole model (two ranks)

@@ -95,13 +95,17 @@ def test_fsdp_keys_without_fsdp_and_a_non_float_reduce_dtype_are_config_errors()
     assert not validate(cfg) and cfg.precision.fsdp.reduce_dtype == Dtype.bf16
 
 
-def test_fp8_under_fsdp_is_refused_with_the_reason():
-    cfg = config.load(["trainer.strategy=fsdp", "precision=fp8_tensorwise",
-                       "precision.fp8.emulate=true"])  # fmt: skip
-    policy = build_policy(cfg.precision, torch.device("cpu"))
-    reason = "float8 all-gather under FSDP runs only on CUDA GPUs: use trainer.strategy=ddp"
-    with pytest.raises(ConfigError, match=reason):
-        sharded.check(cfg, policy, torch.device("cpu"))
+def test_fp8_under_fsdp_takes_the_tensorwise_recipe_only():
+    for mode, refused in (("fp8_rowwise", True), ("fp8_tensorwise", False)):
+        cfg = config.load(["trainer.strategy=fsdp", f"precision={mode}",
+                           "precision.fp8.emulate=true"])  # fmt: skip
+        policy = build_policy(cfg.precision, torch.device("cpu"))
+        if refused:
+            reason = "float8 all-gather under FSDP takes the tensorwise recipe only"
+            with pytest.raises(ConfigError, match=reason):
+                sharded.check(cfg, policy, torch.device("cpu"))
+        else:
+            sharded.check(cfg, policy, torch.device("cpu"))
 
 
 def _ckpt(**config_values) -> dict:

@@ -151,7 +151,9 @@ def build(cfg: Config) -> Setup:
     conversion = Conversion()
     if policy.mode.fp8:  # before the optimizer is built: converted layers are new modules
         x, _ = next(iter(train_batches.epoch(0)))
-        conversion = convert_fp8(model, policy.mode, policy.fp8, x, cfg.model.name, policy.kept)
+        conversion = convert_fp8(
+            model, policy.mode, policy.fp8, x, cfg.model.name, policy.kept, fsdp=fsdp
+        )
     policy.keep_modules_fp32(model)  # precision.keep_fp32: out of autocast (and of fp8)
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -170,6 +172,8 @@ def build(cfg: Config) -> Setup:
     if cfg.diagnostics.locate_nonfinite:
         locator = NonfiniteLocator(policy, objective, loss_weight)
     callbacks = [locator]
+    if fsdp and policy.mode.fp8:  # each fp8 weight's scale for the next all-gather
+        callbacks.append(sharded.Float8Scales(model))
     d = cfg.diagnostics
     if policy.mode.pure and (d.every or d.numerics):  # the updates its rounding throws away
         callbacks.append(LostUpdates(policy.mode.dtype, d.every or t.log_every))

@@ -190,10 +190,13 @@ def convert_fp8(
     x: torch.Tensor,
     name: str,
     kept: Callable[[str], bool] = lambda name: False,
+    fsdp: bool = False,
 ):
     """Convert ``model``'s eligible Linear layers in place for ``mode``; the record of it.
     ``x``: a batch of real inputs on the model's device (two samples are traced). ``kept``:
-    whether a layer stays in fp32 (``precision.keep_fp32``), out of fp8 too."""
+    whether a layer stays in fp32 (``precision.keep_fp32``), out of fp8 too. ``fsdp``: the
+    model is about to be sharded, so its weights are all-gathered in fp8 (half the bytes of
+    bf16; torchao's tensorwise recipe only, which engine.sharded.check enforces)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     planned = plan(model, x, cfg, mode.fp8, kept)
@@ -202,6 +205,8 @@ def convert_fp8(
     config = Float8LinearConfig.from_recipe_name(mode.fp8)
     if cfg.emulate:
         config = dataclasses.replace(config, emulate=True)
+    if fsdp:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     chosen = set(planned.converted)
     convert_to_float8_training(
         model, config=config, module_filter_fn=lambda module, fqn: fqn in chosen
