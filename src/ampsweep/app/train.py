@@ -8,6 +8,9 @@ sweep, its report and the parent's end.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -102,7 +105,7 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     )
     from ampsweep.engine import distributed
 
-    command = command or CommandContext()
+    command = command or CommandContext(extra_tags=_tags_from_launcher())
     args, trusted = trust.take_trust_flags(args)  # ours, not Hydra's
     args = absolute_config_paths(args)
     args = normalise_overrides(args)  # model.args.<key>=v: add or set, as the help says
@@ -144,7 +147,8 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         if code:
             return code
         try:
-            failure = distributed.launch(args, nproc)  # each worker runs this command again
+            with _tags_for_ranks(command.extra_tags):
+                failure = distributed.launch(args, nproc)  # each worker runs this command again
         except distributed.LaunchError as err:
             console.error(str(err))
             return 1
@@ -338,6 +342,31 @@ def _experiments(configs: list[Config]) -> set[tuple[str, str]]:
         for c in configs
         if c.tracking.backend == Tracker.mlflow
     }
+
+
+# The tags a caller adds to the run (reproduce's ``reproduces=<run id>``) reach the ranks of a
+# trainer.nproc>1 command through their environment: each rank runs `ampsweep train` anew, and
+# rank 0 records the run.
+RANK_TAGS_ENV = "AMPSWEEP_RUN_TAGS"
+
+
+def _tags_from_launcher() -> dict[str, str]:
+    text = os.environ.get(RANK_TAGS_ENV)
+    return json.loads(text) if text else {}
+
+
+@contextlib.contextmanager
+def _tags_for_ranks(tags: dict[str, str]):
+    before = os.environ.get(RANK_TAGS_ENV)
+    if tags:
+        os.environ[RANK_TAGS_ENV] = json.dumps(tags)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RANK_TAGS_ENV, None)
+        else:
+            os.environ[RANK_TAGS_ENV] = before
 
 
 def run_hydra(args: list[str], command: CommandContext) -> int:
