@@ -154,16 +154,27 @@ def check(uri: str, key: str = "tracking.uri") -> None:
         )
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
-
-
 def is_sqlite_file(path: Path) -> bool:
     """Whether ``path`` is a SQLite database, or nothing yet (absent or empty: MLflow creates
     its tables there)."""
     if not path.is_file() or path.stat().st_size == 0:
         return True
-    with path.open("rb") as f:
-        return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    # Asked of SQLite, never by open() and close(): closing any descriptor of the file drops
+    # every POSIX lock this process's SQLite connections hold on it (sqlite.org/howtocorrupt,
+    # 2.2), and a sweep checks its store per job while the last job's model is still being
+    # written: two sweeps on one store then corrupted it. SQLite's own connections share
+    # their locks.
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1)
+        try:
+            con.execute("PRAGMA schema_version").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as err:  # locked or busy is a database too
+        return "not a database" not in str(err)
+    return True
 
 
 def not_a_database(key: str, uri: str, path: Path) -> str:
