@@ -29,12 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from ampsweep.app import capacity, doctor, repair, reproduce
     from ampsweep.precision.modes import BASELINE
+    from ampsweep.tracking import store
 
     reproduce.add_parser(sub)
     repair.add_parser(sub)
     capacity.add_parser(sub)
     doctor.add_parser(sub)
-    store_help = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
+    store_help = store.STORE_HELP
     rep = sub.add_parser(
         "report",
         help="compare the precision modes of a sweep against fp32",

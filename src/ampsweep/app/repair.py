@@ -31,8 +31,7 @@ def add_parser(sub) -> None:
         description="Write the records run journals kept while the MLflow store was down, "
         "then end every RUNNING run whose process is gone (KILLED, with the reason).",
     )
-    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else "
-                   "outputs/mlflow.db here)")  # fmt: skip
+    p.add_argument("--tracking-uri", help=store.STORE_HELP)
     p.add_argument(
         "--checkpoint-dir",
         type=Path,

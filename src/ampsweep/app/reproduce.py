@@ -23,12 +23,10 @@ names the ones left out; callbacks given as overrides run, as in ``ampsweep trai
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import tempfile
 from pathlib import Path
 
-from ampsweep.app import console, trust
+from ampsweep.app import console, scoped_env, trust
 from ampsweep.config.schema import ConfigError
 from ampsweep.precision.modes import DERIVED_PRECISION
 from ampsweep.tracking import store
@@ -92,20 +90,6 @@ def _uri_of(overrides: list[str]) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _no_progress_bar():
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    saved = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = saved
-
-
 def fetch(run_id: str, overrides: list[str]):
     """The run and its logged config text, from the configured store."""
     uri = store.resolve_uri(_uri_of(overrides))
@@ -119,7 +103,8 @@ def fetch(run_id: str, overrides: list[str]):
         )
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            with _no_progress_bar():  # one small file: MLflow's bar would only be noise
+            # one small file: MLflow's progress bar would only be noise
+            with scoped_env.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"):
                 path = client.download_artifacts(run_id, "config.yaml", tmp)
         except Exception:
             raise ConfigError(

@@ -8,14 +8,13 @@ sweep, its report and the parent's end.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sys
 from pathlib import Path
 
-from ampsweep.app import console, trust
+from ampsweep.app import console, scoped_env, trust
 from ampsweep.app.job import EXIT_KILLED, CommandContext, TaskFunction
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.errors import FaultError
@@ -147,7 +146,8 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         if code:
             return code
         try:
-            with _tags_for_ranks(command.extra_tags):
+            tags = json.dumps(command.extra_tags) if command.extra_tags else None
+            with scoped_env.setenv(RANK_TAGS_ENV, tags):
                 failure = distributed.launch(args, nproc)  # each worker runs this command again
         except distributed.LaunchError as err:
             console.error(str(err))
@@ -353,20 +353,6 @@ RANK_TAGS_ENV = "AMPSWEEP_RUN_TAGS"
 def _tags_from_launcher() -> dict[str, str]:
     text = os.environ.get(RANK_TAGS_ENV)
     return json.loads(text) if text else {}
-
-
-@contextlib.contextmanager
-def _tags_for_ranks(tags: dict[str, str]):
-    before = os.environ.get(RANK_TAGS_ENV)
-    if tags:
-        os.environ[RANK_TAGS_ENV] = json.dumps(tags)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(RANK_TAGS_ENV, None)
-        else:
-            os.environ[RANK_TAGS_ENV] = before
 
 
 def run_hydra(args: list[str], command: CommandContext) -> int:

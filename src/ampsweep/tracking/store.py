@@ -112,6 +112,10 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
+# How every command's --tracking-uri describes its default (resolve_uri)
+STORE_HELP = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
+
+
 def check(uri: str, key: str = "tracking.uri") -> None:
     """Fail fast, with the fix, when the store cannot be opened."""
     path = sqlite_path(uri)
