@@ -316,7 +316,7 @@ export PYTHON="$PY"  # the interpreter of gpu_check.sh, gpu_bench.sh and the tab
 
 # Only the test files that hold CUDA tests: collecting the whole suite costs more than they run.
 # Four processes on the GPU: the fp8 tests compile (the dry run's tests all skip).
-mapfile -t gpu_tests < <(grep -l "pytest.mark.gpu" "$repo"/tests/test_*.py)
+mapfile -t gpu_tests < <(grep -rl --include="test_*.py" "pytest.mark.gpu" "$repo"/tests)
 workers=(-n 4)
 [ "$dry" != 1 ] || workers=()
 step pytest_gpu env -C "$work" "$PY" -m pytest -p no:cacheprovider --basetemp "$work/pytest" \

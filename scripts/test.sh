@@ -2,7 +2,7 @@
 # Set up .venv with the dev extras if needed, then lint, check the import layers, build the docs
 # site strictly and run the whole test suite (slow end-to-end tests included; CUDA tests skip
 # themselves without a GPU) in two worker processes. Extra arguments go to pytest, e.g.
-#   scripts/test.sh -m "not slow" -x        scripts/test.sh -n 0 tests/test_engine_loop.py
+#   scripts/test.sh -m "not slow" -x        scripts/test.sh -n 0 tests/unit/engine/test_loop.py
 # It fails when pytest collects no test at all (exit 5), and when a test wrote into the
 # checkout (every test runs in a temporary folder of its own).
 set -euo pipefail

@@ -1,5 +1,5 @@
 """The commands of the docs, as a reader would type them: collected from README.md and docs/,
-run in a temporary folder (tests/test_e2e_commands_as_written.py).
+run in a temporary folder (tests/e2e/test_commands_as_written.py).
 
 A fenced block in ``bash``/``sh``/``shell`` or ``python`` is runnable. HTML comments on the
 lines directly above its fence say how it runs (they do not show on the rendered page):

@@ -4,7 +4,7 @@ Every key of ``ampsweep.config.schema.Schema`` with its type, default and meanin
 the dataclasses themselves: the type from the annotation, the default from an instance, the
 meaning from the comments beside (or directly above) the field and the class docstring. Then
 each group's options (``conf/<group>/*.yaml``) with their own keys and defaults. The page is
-never written by hand, so it cannot drift from the schema; ``tests/test_docs_site.py`` checks
+never written by hand, so it cannot drift from the schema; ``tests/e2e/test_docs_site.py`` checks
 that every key has a meaning. mkdocs runs ``on_files`` (a hook named in mkdocs.yml).
 """
 

@@ -100,7 +100,7 @@ def test_cli_runs_a_second_cluster_beside_the_first_and_stops_it_cleanly(
     tmp_path,
 ):
     """Separate folders and free ports let clusters coexist; stop leaves no daemon behind."""
-    cli = [sys.executable, str(Path(__file__).parents[1] / "scripts" / "slurm_cluster.py")]
+    cli = [sys.executable, str(Path(__file__).parents[2] / "scripts" / "slurm_cluster.py")]
     folder = tmp_path / "second"
     started = subprocess.run(
         [*cli, "start", str(folder)], capture_output=True, text=True, timeout=90

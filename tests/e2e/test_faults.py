@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from callbacks import signal_at_step
 from conftest import all_runs, callback_env, resumable, run_cli, start_cli
-from test_engine_checkpoint_verify import damage
+from unit.engine.test_checkpoint_verify import damage
 
 from ampsweep.app import job
 from ampsweep.config import compose as config

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from test_report_rows import run
-
 from ampsweep.report import sweeps
+from unit.report.test_rows import run
 
 
 def test_charts_are_written_as_png(tmp_path):

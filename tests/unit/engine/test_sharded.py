@@ -2,7 +2,7 @@
 defaults from the mode table, the one-line refusals (shard patterns matching nothing, fp8,
 FSDP keys without FSDP, a strategy mismatch on resume), the re-shaping of a resume onto another
 number of ranks, and the report telling FSDP policies apart. (Training under FSDP needs a
-process group: tests/test_e2e_fsdp.py.)"""
+process group: tests/e2e/test_fsdp.py.)"""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ import io
 import json
 
 import pytest
-from test_report_rows import CUDA, run
 
 from ampsweep.report import render, sweeps
+from unit.report.test_rows import CUDA, run
 
 
 def test_formats_carry_the_same_numbers():

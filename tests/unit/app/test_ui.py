@@ -1,5 +1,5 @@
 """app/ui.py: what ``ampsweep ui`` refuses (one line, exit 2, no server started) and the link
-and server command it makes. The served UI itself is tested in test_e2e_ui.py."""
+and server command it makes. The served UI itself is tested in tests/e2e/test_ui.py."""
 
 from __future__ import annotations
 

@@ -3,9 +3,8 @@ the evaluations each run logged; "not reached" said as such; the column, finding
 
 from __future__ import annotations
 
-from test_report_groups import run
-
 from ampsweep.report import charts, render, sweeps
+from unit.report.test_groups import run
 
 START = 1_000_000  # ms: when each run started
 

@@ -1,6 +1,6 @@
 """app/slurm.py: reading sinfo, the checks a SLURM sweep must pass before it is submitted, and
 the requeue signal inside a job (app/job.py's StopRequest). The same checks run against a
-real cluster in test_e2e_slurm.py; here the cases a one-node cluster cannot show (other
+real cluster in tests/e2e/test_slurm.py; here the cases a one-node cluster cannot show (other
 machines, partition limits, several partitions) use sinfo's text as SLURM prints it."""
 
 from __future__ import annotations

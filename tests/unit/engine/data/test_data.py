@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_data_images import dataset, make_image_folder
 
 from ampsweep.config.schema import ConfigError, Preload
 from ampsweep.engine import data
 from ampsweep.engine.data.batches import Batches
+from unit.engine.data.test_images import dataset, make_image_folder
 
 CPU = torch.device("cpu")
 

@@ -1,6 +1,6 @@
 """app/launcher.py: waiting for every job of a SLURM sweep. Jobs and squeue's answers are
 scripted here (with a clock that advances by itself) so each way a job can end is shown in a
-second; the real cluster runs the same code in test_e2e_slurm.py. Lost jobs end their runs
+second; the real cluster runs the same code in tests/e2e/test_slurm.py. Lost jobs end their runs
 in a real (SQLite) MLflow store."""
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ a baseline at chance, a CPU-only sweep, and a faster mode whose numerics went wr
 from __future__ import annotations
 
 import pytest
-from test_report_groups import CPU, CUDA, run
 
 from ampsweep.report import render, sweeps
+from unit.report.test_groups import CPU, CUDA, run
 
 COMMAND = "ampsweep train -m precision=fp32,bf16,fp16 sweep.repeats=3 model=cnn trainer.epochs=2"
 

@@ -4,10 +4,9 @@ CPU and old-GPU hardware notes, and the gradient-underflow finding."""
 
 from __future__ import annotations
 
-from test_report_rows import CPU, CUDA, run
-
 from ampsweep.report import sweeps
 from ampsweep.report.findings import underflow_finding as finding
+from unit.report.test_rows import CPU, CUDA, run
 
 
 def findings_of(runs, baseline: str = "fp32") -> str:
