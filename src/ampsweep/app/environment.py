@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 import ampsweep
+from ampsweep.app import estimate
+from ampsweep.precision import modes
 from ampsweep.tracking import store
 
 
@@ -98,14 +100,13 @@ def cpu_name() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine() or "cpu"
 
 
-HALF_PRECISION_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
-
-
 def cpu_half_precision_isa() -> list[str]:
-    """The CPU's native half-precision instruction sets (its flags): they decide whether
-    bf16/fp16 autocast can be fast on this CPU at all."""
-    flags = set((_cpuinfo("flags") or "").split())
-    return [f for f in HALF_PRECISION_FLAGS if f in flags]
+    """The CPU's native half-precision instruction sets (its flags, as the mode table names
+    them in ``modes.NATIVE_CPU_FLAGS``): they decide whether bf16/fp16 autocast can be fast
+    on this CPU at all."""
+    flags = estimate.cpu_flags() or set()
+    native = dict.fromkeys(f for names in modes.NATIVE_CPU_FLAGS.values() for f in names)
+    return [f for f in native if f in flags]
 
 
 def run_tags(device: torch.device) -> dict[str, str]:
