@@ -27,6 +27,12 @@ MEANS = (
 )  # fmt: skip
 DIFFERENCES = ("acc_delta",)  # each run minus its same-seed baseline
 RATIOS = ("speedup", "activation_ratio", "peak_ratio", "max_batch_ratio")  # run / baseline
+# The range each mean cannot leave (fractions in [0, 1], a difference of two in [-1, 1]); every
+# other mean is a count, a size, a rate or a time, never negative.
+BOUNDS = {
+    **dict.fromkeys(("val_acc", "mfu", "fp8_flop_share", "update_lost_frac"), (0.0, 1.0)),
+    "acc_delta": (-1.0, 1.0),
+}
 
 
 def summarise(rows: list[Row], runs: list[RunData]) -> list[Row]:
@@ -70,7 +76,8 @@ def _summary(group: list[Row], varies: dict[str, str]) -> Row:
     ci: dict[str, stats.Estimate] = {}
     values: dict[str, float | None] = {}
     for name in MEANS + DIFFERENCES:
-        est = stats.mean_interval([v for r in group if is_number(v := getattr(r, name))])
+        vals = [v for r in group if is_number(v := getattr(r, name))]
+        est = stats.mean_interval(vals, bounds=BOUNDS.get(name, (0.0, None)))
         _keep(name, est, ci, values)
     # A contended run's speed-up is left out where some runs were not contended (it measured
     # the other processes as much as the mode); where all were, the row says so.

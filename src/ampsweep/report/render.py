@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -95,7 +96,8 @@ def _spread(half: float, fmt: str) -> str:
 def _cell(value, fmt: str, est=None) -> str:
     """A table cell: the value, and its interval over repeats: a ratio's as a range (taken on
     the log scale, it is not symmetric), a count's or share's as ``±`` half its width, or as a
-    range from 0 where that ``±`` would reach below zero (no throughput is negative)."""
+    range where the interval was cut at its quantity's bounds (no throughput is negative, no
+    accuracy above 1)."""
     if fmt in ("s", "t"):
         return str(value) if value is not None else ""
     if not is_number(value):
@@ -109,8 +111,10 @@ def _cell(value, fmt: str, est=None) -> str:
     spread = _spread(est.half_width, fmt)
     if not any(ch in "123456789" for ch in spread):  # the same in every run (at this precision)
         return _number(value, fmt)
-    if fmt != "pt" and value >= 0 and est.low < 0:
-        return f"{_number(value, fmt)} (0-{_number(est.high, fmt)})"
+    if fmt != "pt" and not math.isclose(value - est.low, est.high - value, abs_tol=1e-12):
+        # cut at the range the quantity cannot leave (stats.mean_interval's bounds): a ``±``
+        # would claim the side that was cut
+        return f"{_number(value, fmt)} ({_number(est.low, fmt)}-{_number(est.high, fmt)})"
     return f"{_number(value, fmt)} {spread}"
 
 

@@ -56,8 +56,14 @@ def t_quantile(level: float, dof: int) -> float:
     return float(stats.t.ppf(0.5 + level / 2, dof))
 
 
-def mean_interval(values: Sequence[float], level: float = LEVEL) -> Estimate | None:
-    """The mean of ``values`` and its t interval; None for no values."""
+def mean_interval(
+    values: Sequence[float],
+    level: float = LEVEL,
+    bounds: tuple[float | None, float | None] = (None, None),
+) -> Estimate | None:
+    """The mean of ``values`` and its t interval; None for no values. ``bounds``: the range
+    the quantity cannot leave (an accuracy lies in [0, 1]); the t interval, symmetric by
+    construction, is cut at them rather than reporting e.g. an accuracy of up to 1.24."""
     xs = [float(v) for v in values if _finite(v)]
     n = len(xs)
     if n == 0:
@@ -67,7 +73,10 @@ def mean_interval(values: Sequence[float], level: float = LEVEL) -> Estimate | N
         return Estimate(mean, None, None, 1)
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_quantile(level, n - 1) * sd / math.sqrt(n)
-    return Estimate(mean, mean - half, mean + half, n)
+    lowest, highest = bounds
+    low = mean - half if lowest is None else max(lowest, mean - half)
+    high = mean + half if highest is None else min(highest, mean + half)
+    return Estimate(mean, low, high, n)
 
 
 def paired_difference(

@@ -336,3 +336,11 @@ def test_two_seeds_print_ranges_in_the_table_and_no_error_bar_goes_below_zero(tm
     assert above[0] == pytest.approx(rep.summary[0].ci["samples_per_s"].high - 954.0)
     assert all(value - b >= 0 for value, b in zip([r.samples_per_s for r in rep.summary], below,
                                                   strict=True))  # fmt: skip
+
+
+def test_an_accuracys_interval_never_passes_1_nor_a_speed_below_0():
+    accs, sps = [0.99, 1.0, 0.2], [10.0, 900.0, 20.0]
+    runs = [run("fp32", s, s, acc=a, sps=v) for s, a, v in zip(range(3), accs, sps, strict=True)]
+    (fp32,) = sweeps.make_report({"run_id": "p", "name": "s"}, runs).summary
+    assert fp32.ci["val_acc"].high == 1.0 and fp32.ci["val_acc"].low > -1e-12
+    assert fp32.ci["samples_per_s"].low == 0.0

@@ -124,3 +124,10 @@ def test_repeats_needed_is_where_the_t_interval_narrows_to_the_target():
     huge = stats.mean_interval([0.0, 100.0])
     assert stats.repeats_needed(huge, 0.5) == stats.MAX_REPEATS + 1
     assert stats.repeats_needed(stats.mean_interval([1.0]), 0.5) is None
+
+
+def test_an_interval_is_cut_at_the_range_its_quantity_cannot_leave():
+    est = stats.mean_interval([0.98, 1.0, 0.5], bounds=(0.0, 1.0))
+    free = stats.mean_interval([0.98, 1.0, 0.5])
+    assert free.high > 1.0 and free.low < 1.0  # the t interval alone passes 1
+    assert (est.mean, est.low, est.high) == (free.mean, max(0.0, free.low), 1.0)
