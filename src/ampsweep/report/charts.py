@@ -30,13 +30,13 @@ def _label(row: Row, rows: list[Row]) -> str:
 
 def _errors(rows: list[Row], key: str):
     """Error bars: each bar's 95% interval over repeats (none for a single run), as matplotlib's
-    2 x N (below, above) distances, cut at zero; None when no bar has one."""
+    2 x N (below, above) distances; None when no bar has one. The intervals are already cut
+    at their quantity's bounds (``groups.BOUNDS``): none reaches below zero."""
     below, above = [], []
     for r in rows:
         est, value = r.ci.get(key), getattr(r, key)
         has = est is not None and est.has_interval and is_number(value)
-        # A t interval of a mean can reach below zero; no throughput or memory is negative.
-        below.append(value - max(est.low, 0.0) if has else 0.0)
+        below.append(value - est.low if has else 0.0)
         above.append(est.high - value if has else 0.0)
     return [below, above] if any(below) or any(above) else None
 
