@@ -442,7 +442,7 @@ class Doctor:
         return rest, named[-1].split("=", 1)[1] if named else ""
 
     def verify(self, rx: list[Prescription]) -> int:
-        from ampsweep.app.job import CommandContext
+        from ampsweep.app.context import CommandContext
         from ampsweep.app.train import cmd_train
 
         command = CommandContext()

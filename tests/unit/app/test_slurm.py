@@ -1,5 +1,5 @@
 """app/slurm.py: reading sinfo, the checks a SLURM sweep must pass before it is submitted, and
-the requeue signal inside a job (app/job.py's StopRequest). The same checks run against a
+the requeue signal inside a job (app/signals.py's StopRequest). The same checks run against a
 real cluster in tests/e2e/test_slurm.py; here the cases a one-node cluster cannot show (other
 machines, partition limits, several partitions) use sinfo's text as SLURM prints it."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ampsweep.app import slurm
-from ampsweep.app.job import StopRequest
+from ampsweep.app.signals import StopRequest
 from ampsweep.config.schema import ConfigError
 
 # sinfo -h -N -o '%P|%N|%n|%o|%c|%G|%m|%l' on a small GPU cluster
