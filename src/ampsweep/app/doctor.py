@@ -36,7 +36,7 @@ from ampsweep.app import console
 from ampsweep.config.schema import ConfigError
 from ampsweep.measure.names import NONFINITE_STEPS
 from ampsweep.precision import modes
-from ampsweep.report.findings import ACC_TOLERANCE, PPL_TOLERANCE
+from ampsweep.report.criteria import ACC_TOLERANCE, PPL_TOLERANCE
 from ampsweep.tracking import store
 
 ROUNDS = 3  # keep_fp32 refinements: each adds the module the last trial named
