@@ -14,6 +14,9 @@ PPL_TOLERANCE = 0.05
 # A language model "learnt" when its perplexity is well below the unigram baseline's (what
 # predicting each token from its frequency alone gives): below three quarters of it.
 LEARNT = 0.75
+# A judgment, not a measurement: a few percent of updates rounded away are the smallest steps
+# of weights that barely move; beyond one in 20 the weights stop following the optimizer.
+UPDATE_TOLERANCE = 0.05
 
 
 def is_mode(name: str, test) -> bool:
