@@ -15,6 +15,7 @@ from functools import partial
 from ampsweep.app import console, numerics
 from ampsweep.app.context import EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED, JobContext, JobOutcome
 from ampsweep.config.schema import Config, ConfigError, OnStoreFailure
+from ampsweep.engine.confighash import folder_for
 from ampsweep.tracking import journal, store
 
 
@@ -101,8 +102,6 @@ class Ending:
     def _keep_journal(self, cfg: Config) -> None:
         """The run's records go to a journal in its checkpoint folder (held by this job's
         lease) before the store; a store outage is said once, and stops training if asked."""
-        from ampsweep.engine.checkpoint import folder_for  # torch: see app.job's note
-
         folder = folder_for(cfg, self.recorder.run_id)
         self._own(folder)
         self.recorder.keep_journal(folder / journal.NAME)

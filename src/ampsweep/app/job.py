@@ -42,6 +42,7 @@ from ampsweep.app.signals import StopRequest
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import distributed
+from ampsweep.engine.confighash import config_hash, folder_for
 from ampsweep.engine.lease import NoLease
 from ampsweep.measure import contention
 from ampsweep.tracking import store
@@ -210,8 +211,6 @@ class Job(Resuming, Ending):
             self.recorder = self._reattach(ckpt, cfg)
             self._keep_journal(cfg)
         else:
-            from ampsweep.engine.checkpoint import config_hash
-
             tags = self._tags(cfg)
             tags[store.CONFIG_HASH] = config_hash(cfg)
             parent = self.sweep.parent_run_id if self.sweep else None
@@ -239,7 +238,7 @@ class Job(Resuming, Ending):
         if cfg.diagnostics.numerics and self.rank.is_main:
             numerics.record_probe(self.recorder, setup)
         state = checkpoint.restore(setup, ckpt) if ckpt else None
-        folder = checkpoint.folder_for(cfg, recorder.run_id)
+        folder = folder_for(cfg, recorder.run_id)
         checkpoints = NoCheckpoints()
         if sharded.wanted(cfg):  # every rank writes its shards: one folder for all
             folder = sharded.agreed_folder(folder)

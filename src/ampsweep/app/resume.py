@@ -17,6 +17,7 @@ from ampsweep.app import console, slurm
 from ampsweep.app.context import JobOutcome
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import lease
+from ampsweep.engine.confighash import config_hash
 from ampsweep.tracking import journal, store
 from ampsweep.tracking.recorder import MlflowRecorder
 from ampsweep.tracking.secrets import mask_text
@@ -28,9 +29,7 @@ class Resuming:
 
     def _finished_twin(self, cfg: Config):
         """A FINISHED run of the same config in this experiment (tracking.skip_finished)."""
-        # (torch, both: see app.job's note on its imports)
-        from ampsweep.app.environment import code_changes
-        from ampsweep.engine.checkpoint import config_hash
+        from ampsweep.app.environment import code_changes  # torch: see app.job's note
 
         if not cfg.tracking.skip_finished:
             return None
@@ -60,21 +59,21 @@ class Resuming:
     def _resume_point(self, cfg: Config) -> dict | None:
         """Load the checkpoint trainer.resume names. In a sweep with tracking.skip_finished
         (the default), ``auto`` is implied: relaunching a sweep continues interrupted jobs."""
-        from ampsweep.engine import checkpoint  # torch: see app.job's note
+        from ampsweep.engine import resume_from  # torch: see app.job's note
 
         choice = cfg.trainer.resume
         implied = choice is None and self.sweep is not None and cfg.tracking.skip_finished
         if implied:
             choice = "auto"
         run_id = None
-        if choice and choice != "auto" and not checkpoint.is_path(choice):
+        if choice and choice != "auto" and not resume_from.is_path(choice):
             run_id = choice  # an MLflow run id: its checkpoint folder is one of its tags
             folder = self._checkpoint_dir_of(run_id, cfg)
-            paths, line = checkpoint.candidates_of_run(run_id, folder), ""
+            paths, line = resume_from.candidates_of_run(run_id, folder), ""
         else:
-            paths, line = checkpoint.candidates(cfg, choice)
+            paths, line = resume_from.candidates(cfg, choice)
         # rank 0 takes the lease on the run: no other process trains it meanwhile
-        picked = checkpoint.choose(paths, choice, console.note, claim=self.rank.is_main)
+        picked = resume_from.choose(paths, choice, console.note, claim=self.rank.is_main)
         line = picked.line or line
         if picked.ckpt is None:
             if line and not (implied and not picked.line):  # a fresh sweep job: no word
@@ -83,7 +82,7 @@ class Resuming:
         self.lease = picked.lease
         ckpt = picked.ckpt
         # A refused checkpoint is refused before "resuming" is said.
-        checkpoint.check(ckpt, cfg, picked.path, choice, run_id, mask=mask_text)
+        resume_from.check(ckpt, cfg, picked.path, choice, run_id, mask=mask_text)
         if run_id is not None:
             line = f"resuming run {run_id} from {picked.path}"
         console.console.print(line)
