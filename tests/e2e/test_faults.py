@@ -18,6 +18,7 @@ from conftest import all_runs, callback_env, resumable, run_cli, start_cli
 from unit.engine.test_checkpoint_verify import damage
 
 from ampsweep.app import job
+from ampsweep.app.context import EXIT_FAILED
 from ampsweep.config import compose as config
 from ampsweep.tracking import journal, store
 
@@ -97,7 +98,7 @@ def test_stop_on_store_failure_then_repair_ends_the_run(tmp_path, store_uri):
         proc = run_cli(["train", *args, outage], tmp_path, env=callback_env())
     finally:
         db.with_suffix(".unlock").write_text("go")
-    assert proc.returncode == job.EXIT_FAILED, proc.stderr[-3000:]
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert "stopping after this step, with a checkpoint (tracking.on_store_failure=stop)" in (
         proc.stderr
@@ -164,7 +165,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line(tmp_path, store_uri):
             f"tracking.uri={store_uri}",
             "trainer.callbacks=[{_target_: fault_callbacks.DiskFull, step: 8}]"]  # fmt: skip
     proc = run_cli(["train", *args], tmp_path, env=callback_env())
-    assert proc.returncode == job.EXIT_FAILED
+    assert proc.returncode == EXIT_FAILED
     line = one_line_error(proc.stderr)
     assert line.startswith("error: no space left on /") and " for the checkpoint of " in line
     assert line.endswith(" MiB: free space or set trainer.checkpoint_dir")

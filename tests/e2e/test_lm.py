@@ -136,13 +136,13 @@ def test_reproduce_of_an_lm_run_repeats_its_loss_history(store, tmp_path, monkey
 
 def test_an_lm_run_resumes_exactly(tmp_path):
     from ampsweep.config import compose
-    from ampsweep.engine import checkpoint, loop
+    from ampsweep.engine import checkpoint, confighash, loop
     from ampsweep.engine.build import build
 
     cfg = compose.load([*TINY, "tracking=none", "trainer.checkpoint_every=4",
                         "model.dropout=0.1", f"trainer.checkpoint_dir={tmp_path}"])  # fmt: skip
     whole_log: list = []
-    folder = checkpoint.folder_for(cfg, "r")
+    folder = confighash.folder_for(cfg, "r")
     whole = loop.fit(build(cfg), lambda m, s: whole_log.append((s, m)),
                      checkpoints=checkpoint.Checkpointer(folder, cfg, "r"))  # fmt: skip
     resumed = build(cfg)

@@ -94,6 +94,7 @@ def test_each_run_has_its_system_metrics_and_its_model_linked_and_registered(swe
 
 def test_a_model_that_cannot_be_recorded_fails_its_run(store, tmp_path, monkeypatch):
     from ampsweep.app import job as runner
+    from ampsweep.app.context import EXIT_FAILED
     from ampsweep.config import compose
     from ampsweep.tracking.recorder import MlflowRecorder
 
@@ -105,7 +106,7 @@ def test_a_model_that_cannot_be_recorded_fails_its_run(store, tmp_path, monkeypa
     cfg = compose.load([f"tracking.uri={store}", "trainer.max_steps=2", "trainer.progress=false",
                         "model.width=4", "tracking.system_metrics=false"])  # fmt: skip
     outcome = runner.run_job(cfg)
-    assert (outcome.status, outcome.exit_code) == (mlflow_store.FAILED, runner.EXIT_FAILED)
+    assert (outcome.status, outcome.exit_code) == (mlflow_store.FAILED, EXIT_FAILED)
     run = mlflow_store.client_for(store).get_run(outcome.run_id)
     assert run.info.status == mlflow_store.FAILED
     assert run.data.tags[mlflow_store.ERROR] == (

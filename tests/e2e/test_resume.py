@@ -12,6 +12,7 @@ from callbacks import signal_at_step
 from conftest import all_runs, callback_env, resumable, run_cli
 
 from ampsweep.app import job
+from ampsweep.app.context import EXIT_KILLED
 from ampsweep.config import compose as config
 from ampsweep.engine import checkpoint
 from ampsweep.tracking import store
@@ -72,7 +73,7 @@ def test_sigterm_checkpoints_and_ends_killed(tmp_path, store_uri):
         tmp_path,
         env=callback_env(),
     )
-    assert proc.returncode == job.EXIT_KILLED, proc.stderr
+    assert proc.returncode == EXIT_KILLED, proc.stderr
     assert "SIGTERM: stopping after this step, with a checkpoint" in proc.stderr
     (run,) = all_runs(store_uri)
     assert run.info.status == store.KILLED

@@ -8,7 +8,7 @@ import pytest
 from callbacks import signal_at_step
 from conftest import callback_env, resumable, run_cli
 
-from ampsweep.app import job
+from ampsweep.app.context import EXIT_KILLED
 from ampsweep.tracking import store
 
 
@@ -23,7 +23,7 @@ def test_relaunched_sweep_skips_finished_and_resumes_interrupted(tmp_path, store
     ]
     stop = signal_at_step(6, "SIGTERM", job=1)
     stopped = run_cli(["train", *args, stop], tmp_path, env=callback_env())
-    assert stopped.returncode == job.EXIT_KILLED, stopped.stderr
+    assert stopped.returncode == EXIT_KILLED, stopped.stderr
     client = store.client_for(store_uri)
     first = client.search_runs(["1"], order_by=["attributes.start_time ASC"])
     parents = [r for r in first if r.data.tags.get(store.SWEEP)]

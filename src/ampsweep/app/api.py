@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ampsweep.app.job import CommandContext, JobOutcome
+from ampsweep.app.context import CommandContext, JobOutcome
 from ampsweep.config.schema import ConfigError
 from ampsweep.report.model import Recommendation
 from ampsweep.tracking import store

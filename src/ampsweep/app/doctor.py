@@ -18,6 +18,11 @@ precision mode fails on a model, say where and why, write the fix as config, and
 4. ``--verify``: that experiment launched as one sweep (fp32, each failing mode and each
    prescription: a parent run with its children, and the report), then a verdict for each
    prescription: fixed (finite, accuracy within fp32's tolerance) or not, and its speed.
+
+What a trial found and the prescription's verdict: ``app.prescription``. ``app.cli`` imports
+this module to build every command's parser, so what only the doctor needs (Hydra's compose,
+torch through the engine and the probe, OmegaConf, the train command) is imported in the
+methods that use it.
 """
 
 from __future__ import annotations
@@ -26,23 +31,20 @@ import argparse
 import importlib.util
 import itertools
 import math
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from rich.markup import escape
 
 from ampsweep.app import console
+from ampsweep.app.prescription import Prescription, Trial, precision_of, typed, verdict
 from ampsweep.config.schema import ConfigError
-from ampsweep.measure.names import NONFINITE_STEPS
 from ampsweep.precision import modes
-from ampsweep.report.findings import ACC_TOLERANCE, PPL_TOLERANCE
 from ampsweep.tracking import store
 
 ROUNDS = 3  # keep_fp32 refinements: each adds the module the last trial named
 PROBE_BATCHES = 2
 LOST_UPDATES = 0.5  # a layer losing more than half its updates in a pure mode needs fixing
-SKIP_RATE = 0.05  # a scaler skipping more than this share of steps is not just settling
 EXPERIMENT = "doctor"
 
 
@@ -70,88 +72,6 @@ def say(text: str, bold: str = "") -> None:
     names and overrides are full of brackets."""
     lead = f"[bold]{escape(bold)}[/]" if bold else ""
     console.console.print(lead + escape(text))
-
-
-# ---------------------------------------------------------------- what a trial found
-
-
-@dataclass
-class Trial:
-    mode: str
-    overrides: list[str]  # the precision overrides it ran with
-    status: str = "finished"  # finished | diverged | failed
-    error: str = ""
-    metric: str = ""  # val/acc or val/perplexity
-    score: float | None = None
-    nonfinite: int = 0
-    steps: int = 0
-    skipped: float = 0.0
-    samples_per_s: float | None = None
-    origin: object = None  # measure.numerics.Origin
-
-    @property
-    def finite(self) -> bool:
-        return self.status == "finished" and self.nonfinite == 0
-
-    def held(self, base: Trial) -> bool:
-        """Finite (a dynamic scaler's few early skips allowed) with the score within the
-        report's tolerance of the baseline's."""
-        settling = (
-            self.steps
-            and self.skipped / self.steps <= SKIP_RATE
-            and self.nonfinite <= (self.skipped)
-        )
-        if self.status != "finished" or (self.nonfinite and not settling):
-            return False
-        if self.score is None or base.score is None:
-            return self.score is None
-        if self.metric == "val/perplexity":
-            return self.score <= base.score * (1.0 + PPL_TOLERANCE)
-        return self.score >= base.score - ACC_TOLERANCE
-
-    def result(self, base: Trial | None) -> str:
-        if self.status == "diverged":  # the error's advice is the origin, said on its own
-            return f"diverged: {self.error.split('): ', 1)[0]})"
-        if self.status != "finished":
-            return f"{self.status}: {self.error}"
-        score = "no score" if self.score is None else f"{self.metric} {self.score:.4g}"
-        if base is not None and base is not self and self.score is not None and base.score:
-            score += (
-                f" ({(self.score - base.score) * 100:+.1f} points vs fp32)"
-                if self.metric == "val/acc"
-                else f" ({(self.score / base.score - 1) * 100:+.1f}% vs fp32)"
-            )
-        bad = f", {self.nonfinite} non-finite step(s)" if self.nonfinite else ""
-        return f"{score}{bad}"
-
-
-@dataclass
-class Prescription:
-    mode: str  # the mode that failed
-    problem: str  # what went wrong, with where
-    precision: dict  # the precision section of the fix: name, keep_fp32, scaler.init_scale
-    note: str = ""  # an alternative, or a caveat
-    trial: Trial | None = None  # the prescription's own trial
-
-    @property
-    def option(self) -> str:
-        return f"doctor_{self.mode}"
-
-    @property
-    def overrides(self) -> list[str]:
-        out = [f"precision={self.precision['name']}"]
-        if self.precision.get("keep_fp32"):
-            out.append(f"precision.keep_fp32=[{','.join(self.precision['keep_fp32'])}]")
-        if "init_scale" in self.precision.get("scaler", {}):
-            out.append(
-                f"precision.scaler.init_scale={_num(self.precision['scaler']['init_scale'])}"
-            )
-        return out
-
-
-def _num(x: float) -> str:
-    """``16777216`` rather than ``1.67772e+07``: what a user would type."""
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
 
 
 # ---------------------------------------------------------------- the command
@@ -338,7 +258,7 @@ class Doctor:
             problem = (
                 f"{t.result(base)}; without enough loss scaling fp16 flushes "
                 f"{found.grad_underflow():.1%} of the gradient values to zero (below 2^-24); "
-                f"a scale of {_num(scale)} keeps all but {found.grad_underflow(scale):.2%} of them"
+                f"a scale of {typed(scale)} keeps all but {found.grad_underflow(scale):.2%} of them"
             )
             rx = {"name": "fp16", "scaler": {"init_scale": scale}}
             return self._tried(Prescription(mode, problem, rx), base)
@@ -442,14 +362,14 @@ class Doctor:
         return rest, named[-1].split("=", 1)[1] if named else ""
 
     def verify(self, rx: list[Prescription]) -> int:
-        from ampsweep.app.job import CommandContext
+        from ampsweep.app.context import CommandContext
         from ampsweep.app.train import cmd_train
 
         command = CommandContext()
         rest, _ = self._launch_overrides()
         args = ["-m", "--config-dir", str(self.folder), f"experiment={EXPERIMENT}", *rest]
         code = cmd_train(args, command)
-        runs = {_precision_of(o.overrides): o for o in command.outcomes}
+        runs = {precision_of(o.overrides): o for o in command.outcomes}
         base = runs.get("fp32")
         if base is None or base.status != store.FINISHED:
             console.error("doctor --verify: the fp32 run of the sweep did not finish: "
@@ -459,44 +379,7 @@ class Doctor:
         say(" (the sweep's own runs, against its fp32 run):", bold="verdict")
         fixed_all = True
         for p in rx:
-            fixed, words = _verdict(runs.get(p.option), runs.get(p.mode), base)
+            fixed, words = verdict(runs.get(p.option), runs.get(p.mode), base)
             fixed_all &= fixed
             say(f"  {p.option} ({' '.join(p.overrides)}): {words}")
         return 0 if fixed_all else 1
-
-
-def _precision_of(overrides: list[str]) -> str:
-    for o in overrides:
-        if o.split("=", 1)[0] == "precision":
-            return o.split("=", 1)[1]
-    return ""
-
-
-def _verdict(run, failing, base) -> tuple[bool, str]:
-    """Whether the prescription's run fixed the failure, in words with its speed."""
-    if run is None or run.status != store.FINISHED:
-        why = run.error if run is not None else "it did not run"
-        return False, f"NOT fixed: {why}"
-    s, b = run.summary, base.summary
-    metric = "val/perplexity" if "val/perplexity" in b else "val/acc"
-    score, ref = s.get(metric), b.get(metric)
-    nonfinite = int(s.get(NONFINITE_STEPS, 0))
-    ok_score = isinstance(score, float) and math.isfinite(score) and isinstance(ref, float)
-    if ok_score:
-        ok_score = (score <= ref * (1 + PPL_TOLERANCE) if metric == "val/perplexity"
-                    else score >= ref - ACC_TOLERANCE)  # fmt: skip
-    steps = max(1.0, float(s.get("train/steps", 1)))
-    finite = nonfinite == 0 or s.get("amp/skipped_steps", 0) / steps <= SKIP_RATE
-    speed = ""
-    rate, ref_rate = s.get("perf/samples_per_s"), b.get("perf/samples_per_s")
-    if rate and ref_rate:
-        speed = f"; {rate / ref_rate:.2f}x fp32's speed"
-        if failing is not None and failing.summary.get("perf/samples_per_s"):
-            speed += f", {rate / failing.summary['perf/samples_per_s']:.2f}x the failing mode's"
-    shown = f"{metric} {score:.4g} vs fp32 {ref:.4g}" if ok_score or score else metric
-    if finite and ok_score:
-        tol = f"within {PPL_TOLERANCE:.0%}" if metric == "val/perplexity" else (
-            f"within {ACC_TOLERANCE * 100:.1f} points")  # fmt: skip
-        return True, f"fixed: finite, {shown} ({tol}){speed}"
-    problem = f"{nonfinite} non-finite step(s)" if not finite else f"{shown}: not within fp32's"
-    return False, f"NOT fixed: {problem}{speed}"

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import inspect
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 import ampsweep
 from ampsweep.app import estimate
+from ampsweep.config.schema import Config
+from ampsweep.engine.components import builders
 from ampsweep.precision import modes
 from ampsweep.tracking import store
 
@@ -46,10 +52,6 @@ def target_provenance(fn) -> dict[str, str]:
     """Where a ``_target_`` callable's code came from: the version of the installed
     distribution that holds its package, the git commit (and dirty state) of the checkout its
     module lives in, and a SHA-256 of its module's file; each one that can be found."""
-    import hashlib
-    import importlib.metadata
-    import inspect
-    import sys
 
     out: dict[str, str] = {}
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
@@ -113,3 +115,30 @@ def run_tags(device: torch.device) -> dict[str, str]:
     """Where a run happened: the device and Python (the code version, host and pid are tagged
     once, when the run starts)."""
     return {**device_tags(device), "python_version": platform.python_version()}
+
+
+def code_changes(cfg: Config, tags: dict[str, str]) -> list[str]:
+    """How the code this job would run differs from the code a run of its config ran:
+    ampsweep's version, and the version and module digest of each ``_target_`` component."""
+    now = {store.AMPSWEEP_VERSION: ampsweep.__version__}
+    now.update({k: v for k, v in target_tags(cfg).items() if k.endswith((".version", ".sha256"))})
+    return [
+        f"{key}: {_short(tags.get(key)) or '(not recorded)'} then, {_short(value)} now"
+        for key, value in now.items()
+        if tags.get(key) != value
+    ]
+
+
+def _short(value: str | None) -> str | None:
+    return value[:12] if value and len(value) == 64 else value  # a SHA-256: its prefix
+
+
+def target_tags(cfg: Config) -> dict[str, str]:
+    """For each component named by ``_target_``: its path and where its code came from."""
+    tags = {}
+    for section, builder in builders(cfg).items():
+        if builder.target:
+            tags[store.target_tag(section)] = builder.target
+            for key, value in target_provenance(builder.fn).items():
+                tags[store.target_tag(section, key)] = value
+    return tags

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ampsweep.app import console, slurm
-from ampsweep.app.job import EXIT_FAILED, EXIT_KILLED, JobOutcome
+from ampsweep.app.context import EXIT_FAILED, EXIT_KILLED, JobOutcome
 from ampsweep.tracking import store
 from ampsweep.tracking.sweep import SweepInfo, end_lost_job
 

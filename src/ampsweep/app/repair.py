@@ -18,7 +18,7 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import lease
-from ampsweep.engine.checkpoint import DEFAULT_ROOT
+from ampsweep.engine.confighash import DEFAULT_ROOT
 from ampsweep.errors import FaultError
 from ampsweep.tracking import journal, store
 from ampsweep.tracking import sweep as sweeps

@@ -229,7 +229,7 @@ def check_trust(run_id: str, text: str, overrides: list[str], trusted: trust.Tru
 
 
 def reproduce(run_id: str, overrides: list[str], trusted_names: tuple[str, ...] = ()) -> int:
-    from ampsweep.app.job import CommandContext
+    from ampsweep.app.context import CommandContext
     from ampsweep.app.train import cmd_train
 
     uri, run, text = fetch(run_id, overrides)

@@ -11,24 +11,26 @@ share on a file system only this machine sees. Everything is asked of SLURM's ow
 ``job_states`` follows jobs with ``squeue`` rather than ``sacct``: it answers on clusters
 without accounting (no slurmdbd) too, and a job squeue no longer lists has ended.
 
-Importing this module costs nothing (no torch, no MLflow): it runs inside every job (the
-requeue signal) and while a sweep waits. ``check_sweep`` imports what it needs when called.
+Importing this module costs nothing (no torch, no MLflow, no Hydra): it runs inside every job
+(the requeue signal) and while a sweep waits. ``check_sweep`` imports Hydra's compose and
+OmegaConf when called. What a partition offers, read from sinfo: ``app.sinfo``; whether the
+jobs see the files they share: ``app.shared_fs``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import ipaddress
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from ampsweep.config.schema import ConfigError
+from ampsweep.app.shared_fs import check_shared
+from ampsweep.app.sinfo import SINFO_FORMAT, Partition, parse_sinfo
+from ampsweep.config.schema import ConfigError, Tracker
+from ampsweep.tracking import store
 
 COMMANDS = ("sbatch", "sinfo", "squeue", "scancel")
 SUBMITIT_PLUGIN = "hydra_plugins.hydra_submitit_launcher"
@@ -41,42 +43,10 @@ ENDED = {
     "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT",
 }  # fmt: skip
 GONE = "GONE"  # squeue no longer knows the job: it ended longer ago than MinJobAge
-# File systems that exist on this machine only: jobs on other machines cannot see them.
-LOCAL_ONLY_FS = {"tmpfs", "ramfs", "devtmpfs", "overlay", "aufs", "squashfs"}
 
 
 class SlurmError(RuntimeError):
     """A SLURM command failed (the controller does not answer, ...): one line."""
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    hostname: str
-    address: str
-    cpus: int
-    gpus: int
-    memory_mb: int
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str
-    default: bool
-    time_limit_min: int | None  # None: unlimited
-    nodes: tuple[Node, ...] = field(default_factory=tuple)
-
-    @property
-    def max_cpus(self) -> int:
-        return max((n.cpus for n in self.nodes), default=0)
-
-    @property
-    def max_gpus(self) -> int:
-        return max((n.gpus for n in self.nodes), default=0)
-
-    @property
-    def max_memory_mb(self) -> int:
-        return max((n.memory_mb for n in self.nodes), default=0)
 
 
 # ---------------------------------------------------------------- asking SLURM
@@ -99,61 +69,9 @@ def _run(*args: str) -> str:
     return proc.stdout
 
 
-SINFO_FORMAT = "%P|%N|%n|%o|%c|%G|%m|%l"
-
-
 def partitions() -> dict[str, Partition]:
     """Every partition with its nodes, from ``sinfo`` (one line per node and partition)."""
     return parse_sinfo(_run("sinfo", "-h", "-N", "-o", SINFO_FORMAT))
-
-
-def parse_sinfo(text: str) -> dict[str, Partition]:
-    found: dict[str, tuple[bool, int | None, list[Node]]] = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 8:
-            continue
-        part, name, hostname, address, cpus, gres, memory, limit = parts
-        default = part.endswith("*")
-        part = part.rstrip("*")
-        node = Node(name, hostname, address, _int(cpus), gpu_count(gres), _int(memory))
-        entry = found.setdefault(part, (default, parse_time_limit(limit), []))
-        entry[2].append(node)
-    return {p: Partition(p, d, limit, tuple(nodes)) for p, (d, limit, nodes) in found.items()}
-
-
-def _int(text: str) -> int:
-    match = re.match(r"\d+", text.strip())
-    return int(match.group()) if match else 0
-
-
-def gpu_count(gres: str) -> int:
-    """GPUs in a node's generic resources: ``gpu:4``, ``gpu:a100:4(S:0-1)``, ``(null)``..."""
-    total = 0
-    for item in re.split(r",(?![^(]*\))", gres):
-        fields = item.split("(")[0].split(":")
-        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
-            total += int(fields[-1])
-    return total
-
-
-def parse_time_limit(text: str) -> int | None:
-    """Minutes of a SLURM time limit (``infinite``, ``30:00``, ``2:00:00``, ``1-12:00:00``)."""
-    text = text.strip()
-    if text in ("infinite", "UNLIMITED", "n/a", ""):
-        return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in text.split(":")]
-    if len(parts) == 3:
-        hours, minutes, seconds = parts
-    elif len(parts) == 2:
-        hours, (minutes, seconds) = 0, parts
-    else:
-        hours, minutes, seconds = 0, parts[0], 0
-    return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
 
 
 def job_states(job_ids: list[str]) -> dict[str, str]:
@@ -266,7 +184,7 @@ def check(
     part = _partition(settings, parts)
     _check_time_limit(settings, part)
     _check_resources(settings, part)
-    return _check_shared(shared_paths, part)
+    return check_shared(shared_paths, part)
 
 
 def _check_timeout(s: LauncherSettings) -> None:
@@ -352,87 +270,6 @@ def _check_resources(s: LauncherSettings, part: Partition) -> None:
         )
 
 
-# ---------------------------------------------------------------- shared files
-
-
-def _this_machine() -> tuple[set[str], set[str]]:
-    names = {socket.gethostname(), socket.getfqdn(), "localhost"}
-    names |= {n.split(".")[0] for n in names}
-    addresses: set[str] = set()
-    for name in list(names):
-        try:
-            addresses |= set(socket.gethostbyname_ex(name)[2])
-        except OSError:
-            pass
-    return names, addresses
-
-
-def remote_nodes(part: Partition) -> list[str]:
-    """The nodes of a partition that are other machines than this one."""
-    names, addresses = _this_machine()
-    out = []
-    for n in part.nodes:
-        if n.hostname in names or n.name in names or n.address in names | addresses:
-            continue
-        try:
-            if ipaddress.ip_address(n.address).is_loopback:
-                continue
-        except ValueError:
-            pass
-        out.append(n.name)
-    return out
-
-
-def mount_of(path: Path, mountinfo: str | None = None) -> tuple[str, str]:
-    """The mount point and file system type holding ``path`` (or its nearest existing
-    folder: the sweep dir may not exist yet), from /proc/self/mountinfo."""
-    path = path.expanduser().resolve()
-    if mountinfo is None:
-        try:
-            mountinfo = Path("/proc/self/mountinfo").read_text()
-        except OSError:
-            return "", ""
-    best = ("", "")
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) < 5 or not right:
-            continue
-        point = fields[4].replace("\\040", " ")
-        inside = path == Path(point) or Path(point) in path.parents
-        if inside and len(point) >= len(best[0]):
-            best = (point, right.split()[0])
-    return best
-
-
-def _check_shared(
-    paths: dict[str, Path], part: Partition, mountinfo: str | None = None
-) -> list[str]:
-    remote = remote_nodes(part)
-    if not remote:
-        return []  # the jobs run on this machine: every file system is shared with them
-    shown = ", ".join(remote[:4]) + (", ..." if len(remote) > 4 else "")
-    notes = []
-    for key, path in paths.items():
-        point, fstype = mount_of(path, mountinfo)
-        if fstype in LOCAL_ONLY_FS:
-            fix = (
-                "use a tracking server (tracking.uri=http://...) or a store on a shared file system"
-                if key == "tracking.uri"
-                else f"set {key} to a folder on a file system the nodes share (NFS, Lustre, ...)"
-            )
-            raise ConfigError(
-                f"{key}={path}: it is on {fstype} ({point}), which only this machine sees, "
-                f"but the jobs run on other machines ({shown}): {fix}"
-            )
-        if point == "/" and fstype:
-            notes.append(
-                f"{key}={path} is on this machine's root file system ({fstype}); the jobs run "
-                f"on {shown}: unless they mount it too, put it on a shared file system"
-            )
-    return notes
-
-
 # ---------------------------------------------------------------- a sweep's command
 
 
@@ -446,9 +283,7 @@ def check_sweep(
     from omegaconf import OmegaConf
 
     from ampsweep.config.compose import compose, expand_sweep
-    from ampsweep.config.schema import Tracker
-    from ampsweep.engine.checkpoint import root_of
-    from ampsweep.tracking import store
+    from ampsweep.engine.confighash import root_of
 
     try:
         first = expand_sweep(overrides)[0]

@@ -16,96 +16,37 @@ A checkpoint proves itself: it carries a SHA-256 digest of every tensor and valu
 cut short is refused as damaged, and resuming falls back to the newest good checkpoint of the
 run rather than training on from damaged weights.
 
-Where: ``<trainer.checkpoint_dir or outputs/checkpoints>/<config hash>/<run id>/step-N.pt``.
-Keying the folder by the config hash lets ``trainer.resume=auto`` find the newest checkpoint of
-the same config after a relaunch, and lets sweep jobs with different configs never collide.
+Where they go, and the config hash that keys the folder: ``engine.confighash``. Which one a
+run resumes from, and the check that it fits the config: ``engine.resume_from``.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ampsweep.config.compose import flatten
 from ampsweep.config.schema import Config, ConfigError
-from ampsweep.engine import distributed, lease, sharded
-from ampsweep.engine.lease import Lease, NoLease
+from ampsweep.engine import distributed, sharded
+from ampsweep.engine.confighash import (
+    comparable,
+    config_hash,
+    root_of,  # noqa: F401 (app.train imports it from here)
+    unmasked,
+)
 from ampsweep.engine.loop import TrainState
 from ampsweep.errors import FaultError
 
 FORMAT = 1
-DEFAULT_ROOT = Path("outputs") / "checkpoints"
 END_SUFFIX = "-end.pt"  # the checkpoint written when training reached its end
-# Keys that say only where things are written, how often, how they are shown, or what
-# watches the run (trainer.callbacks: a run a callback stopped resumes without it): they may
-# differ between a checkpoint and the command resuming it, and they are left out of the hash.
-NOT_HASHED = (
-    "trainer.resume",
-    "trainer.callbacks",
-    "trainer.checkpoint_dir",
-    "trainer.checkpoint_every",
-    "trainer.keep_checkpoints",
-    "trainer.progress",
-    "tracking.uri",
-    "tracking.artifact_root",
-    "tracking.metrics_flush_every",
-    "tracking.metrics_flush_seconds",
-    "tracking.skip_finished",
-    "tracking.log_model",
-    "tracking.register_model",
-    "tracking.system_metrics",
-    "tracking.system_metrics_interval",
-    "tracking.on_store_failure",
-)
-
-
-# ---------------------------------------------------------------- config identity
-
-
-def comparable(cfg: Config) -> dict[str, str]:
-    """The flattened config without the keys that may differ on resume."""
-    return {k: v for k, v in flatten(cfg).items() if k not in NOT_HASHED}
-
-
-def config_hash(cfg: Config) -> str:
-    """A short hash of what determines the result (resolved precision included)."""
-    text = json.dumps(comparable(cfg), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def root_of(cfg: Config) -> Path:
-    return Path(cfg.trainer.checkpoint_dir or DEFAULT_ROOT).expanduser().resolve()
-
-
-def folder_for(cfg: Config, run_id: str | None) -> Path:
-    """This run's checkpoint folder (absolute)."""
-    name = run_id or f"untracked-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
-    return root_of(cfg) / config_hash(cfg) / name
-
-
-def unmasked(text: str) -> str:
-    return text
-
-
-def differences(saved: dict[str, str], cfg: Config, mask: Callable[[str], str] = unmasked):
-    """Where the config stored in a checkpoint (masked by ``mask``) differs from ``cfg``."""
-    now = {k: mask(v) for k, v in comparable(cfg).items()}
-    keys = sorted(set(saved) | set(now))
-    return [
-        f"{k}={saved.get(k, '<absent>')} in the checkpoint, {now.get(k, '<absent>')} now"
-        for k in keys
-        if saved.get(k) != now.get(k) and k not in NOT_HASHED
-    ]
 
 
 # ---------------------------------------------------------------- RNG state
@@ -308,7 +249,7 @@ def checkpoints_in(folder: Path) -> list[Path]:
     return sorted(folder.glob("step-*.pt"))
 
 
-# ---------------------------------------------------------------- finding and loading
+# ---------------------------------------------------------------- loading
 
 
 def load(path: Path) -> dict:
@@ -331,181 +272,6 @@ def load(path: Path) -> dict:
         raise DamagedCheckpoint(path, why)
     ckpt[LOADED_FROM] = str(path)  # a sharded checkpoint's DCP folder lies beside it
     return ckpt
-
-
-def first_good(paths: list[Path], say: Callable[[str], None]) -> tuple[Path, dict] | None:
-    """The first of ``paths`` (newest first) that loads and verifies, with its contents;
-    each damaged one before it is skipped with a line said through ``say``."""
-    for i, path in enumerate(paths):
-        try:
-            return path, load(path)
-        except DamagedCheckpoint as err:
-            rest = paths[i + 1 :]
-            then = f"falling back to {rest[0].name}" if rest else "no earlier checkpoint"
-            say(f"{err.path} {err.why}: {then}")
-    return None
-
-
-def newest_first(paths: list[Path]) -> list[Path]:
-    return sorted(paths, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
-
-
-def newest(paths: list[Path]) -> Path | None:
-    return max(paths, key=lambda p: (p.stat().st_mtime, p.name), default=None)
-
-
-def is_path(choice: str) -> bool:
-    """Whether ``trainer.resume`` names a file or folder (else it is ``auto`` or a run id)."""
-    return Path(choice).expanduser().exists() or "/" in choice or choice.endswith(".pt")
-
-
-def candidates(cfg: Config, choice: str | None) -> tuple[list[Path], str]:
-    """The checkpoints ``choice`` (``trainer.resume``: ``auto`` or a path) names, newest
-    first, and the line to say when there are none. (A run id is looked up in the store by
-    the caller, which then asks ``candidates_of_run`` for the run's folder.)
-
-    ``auto``: every checkpoint of this config under the checkpoint root (``choose`` stops at
-    the end of a run: then training starts afresh). A folder: its checkpoints. A file: it.
-    """
-    if not choice:
-        return [], ""
-    if choice == "auto":
-        folder = root_of(cfg) / config_hash(cfg)
-        found = newest_first(list(folder.glob("*/step-*.pt")))
-        return found, f"trainer.resume=auto: no checkpoint under {folder}, starting afresh"
-    path = Path(choice).expanduser().resolve()
-    if path.is_dir():
-        found = newest_first(checkpoints_in(path))
-        if not found:
-            raise ConfigError(
-                f"trainer.resume={choice}: no step-*.pt checkpoint in {path}: "
-                "point it at a checkpoint file or a run's checkpoint folder"
-            )
-        return found, ""
-    if not path.is_file():
-        raise ConfigError(
-            f"trainer.resume={choice}: no such file ({path}): give an existing checkpoint, "
-            "a run id, or auto"
-        )
-    return [path], ""
-
-
-def candidates_of_run(run_id: str, folder: Path | None) -> list[Path]:
-    """The checkpoints in the folder a run recorded (its ``checkpoint_dir`` tag), newest
-    first."""
-    found = newest_first(checkpoints_in(folder)) if folder and folder.is_dir() else []
-    if not found:
-        raise ConfigError(
-            f"trainer.resume={run_id}: run {run_id} has no checkpoint "
-            f"(looked in {folder or 'nowhere: the run has no checkpoint_dir tag'})"
-        )
-    return found
-
-
-@dataclass
-class Choice:
-    """The checkpoint to resume (None: start afresh), its contents, the lease on its run's
-    folder (held: no other process trains that run meanwhile), and the line to say."""
-
-    path: Path | None = None
-    ckpt: dict | None = None
-    lease: Lease | NoLease = field(default_factory=NoLease)
-    line: str = ""
-
-
-def choose(
-    paths: list[Path], choice: str, say: Callable[[str], None], claim: bool = True
-) -> Choice:
-    """The newest of ``paths`` (newest first) that is free, undamaged and not the end of
-    its run, with the lease on its folder.
-
-    ``auto`` skips a run another live process trains (it keeps its run; this job starts its
-    own) and a damaged checkpoint (said through ``say``), falling back to the next; it starts
-    afresh at the end of a run. A path or run id names one run: a live owner or no undamaged
-    checkpoint is refused in one line, never trained on. ``claim`` False (a DDP rank other
-    than 0, whose rank 0 holds the lease): no lease is taken."""
-    auto = choice == "auto"
-    leases: dict[Path, Lease | NoLease] = {}
-    busy, damaged = set(), []
-
-    def release_all(keep: Path | None = None) -> None:
-        for folder, held in leases.items():
-            if folder != keep:
-                held.release()
-
-    for path in paths:
-        folder = path.parent
-        if folder in busy:
-            continue
-        if folder not in leases:
-            try:
-                leases[folder] = lease.take(folder) if claim else NoLease()
-            except lease.Owned as owned:
-                who = owned.owner.describe() if owned.owner else "another process"
-                if not auto:
-                    release_all()
-                    raise ConfigError(
-                        f"trainer.resume={choice}: the run of {path} is being trained by "
-                        f"{who}: wait for it to end, or drop trainer.resume to start a new run"
-                    ) from None
-                busy.add(folder)
-                say(f"trainer.resume=auto: run {folder.name} is being trained by {who}: "
-                    "leaving it to that process")  # fmt: skip
-                continue
-        if auto and path.name.endswith(END_SUFFIX):
-            release_all()
-            return Choice(line=f"trainer.resume=auto: {path} ended its run, starting afresh")
-        try:
-            ckpt = load(path)
-        except DamagedCheckpoint as err:
-            damaged.append(err)
-            say(f"{err.path} {err.why}: not resuming from it")
-            continue
-        release_all(keep=folder)
-        return Choice(path, ckpt, leases[folder], f"resuming from {path}")
-    release_all()
-    if damaged and not auto:
-        raise ConfigError(
-            f"trainer.resume={choice}: no undamaged checkpoint ({len(damaged)} damaged, the "
-            f"newest {damaged[0].path}): drop trainer.resume to start a new run"
-        )
-    if damaged or busy:
-        return Choice(line="trainer.resume=auto: no free, undamaged checkpoint: starting afresh")
-    return Choice()
-
-
-def check(
-    ckpt: dict,
-    cfg: Config,
-    path: Path,
-    choice: str,
-    run_id: str | None = None,
-    mask: Callable[[str], str] = unmasked,
-) -> None:
-    """Refuse a checkpoint whose config differs from this one in anything that matters
-    (``mask``: the one the checkpoint was written with, to compare its stored config)."""
-    refusal = sharded.mismatch(ckpt, cfg, choice, path)  # DDP's weights against FSDP's shards
-    if refusal:
-        raise ConfigError(refusal)
-    cfg = sharded.as_saved(ckpt, cfg)  # a sharded checkpoint resumes on any number of ranks
-    if ckpt["config_hash"] != config_hash(cfg):
-        diff = differences(ckpt["config"], cfg, mask)
-        more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
-        first = diff[0] if diff else "the config hash differs"
-        raise ConfigError(
-            f"trainer.resume={choice}: {path} was written by a different config: "
-            f"{first}{more}: resume with the checkpoint's config, or drop trainer.resume to "
-            "start a new run"
-        )
-    if run_id is not None and ckpt["run_id"] != run_id:
-        raise ConfigError(
-            f"trainer.resume={run_id}: {path} belongs to run {ckpt['run_id']}, not {run_id}"
-        )
-    if ckpt.get("complete"):
-        raise ConfigError(
-            f"trainer.resume={choice}: {path} is the end of run {ckpt['run_id']}, "
-            "which trained to the end: nothing to resume; drop trainer.resume for a new run"
-        )
 
 
 def restore(setup, ckpt: dict) -> TrainState:

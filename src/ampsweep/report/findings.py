@@ -1,41 +1,26 @@
 """The report's findings: plain-language conclusions, each with the numbers behind it.
 
-Which modes a finding speaks of is asked of the mode table (``precision.modes``): the modes
-without a scaler in fp16, those with one, those with fp32's exponent range. What went wrong
-numerically (where a run's first inf/NaN began, an unhealthy loss scale, the numerics probe's
-verdicts) are the findings of ``report.numerics``.
+Here: the single-run comparisons with the baseline (speed, memory, accuracy, perplexity), time
+to quality, contended timings, capacity, fp8 and the hardware's caveats, and ``findings``,
+which gathers every finding in the report's order. The verdicts over repeats (95% intervals)
+are ``report.verdicts``; gradient underflow and fp16 without a scaler, ``report.underflow``;
+what went wrong numerically (where a run's first inf/NaN began, an unhealthy loss scale, the
+numerics probe's verdicts), ``report.numerics``. Which modes a finding speaks of is asked of
+the mode table (``report.criteria``), and so are the tolerances of "held".
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from ampsweep.measure import contention
-from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import numerics, stats
-from ampsweep.report.model import Row, how_much, is_number, percent, ratio_range, times
+from ampsweep.report import numerics
+from ampsweep.report.criteria import ACC_TOLERANCE, LEARNT, PPL_TOLERANCE, is_mode
+from ampsweep.report.model import Row, is_number, times
+from ampsweep.report.underflow import noscale_findings, underflow_findings
+from ampsweep.report.verdicts import WEIGHT_COPIES, interval_findings, pts, ratio_of
 from ampsweep.tracking.store import FINISHED
-
-ACC_TOLERANCE = 0.015  # accuracy "held" within 1.5 points of the baseline
-# Perplexity "held" within 5% of the baseline's: a validation loss within about 0.05 nats.
-# Short runs vary more than that with the seed alone (the CPU LM sweep's fp32 run: 9.3 to 12.2
-# over four seeds), so a difference beyond it on a short run is a reason to repeat, not proof.
-PPL_TOLERANCE = 0.05
-# A language model "learnt" when its perplexity is well below the unigram baseline's (what
-# predicting each token from its frequency alone gives): below three quarters of it.
-LEARNT = 0.75
-
-
-def _is(name: str, test) -> bool:
-    """Whether the mode called ``name`` passes ``test`` (a mode the table lacks never does)."""
-    mode = modes.get(name)
-    return mode is not None and test(mode)
-
-
-def _scaled_fp16(m: modes.PrecisionMode) -> bool:
-    return m.dtype == "fp16" and m.scaler
 
 
 def describe_device(tags: dict[str, str]) -> str:
@@ -54,23 +39,11 @@ def describe_device(tags: dict[str, str]) -> str:
     return f"{kind} ({inner})" if inner else kind
 
 
-# Autocast saves half-precision copies of the weights for backward; on a model whose
-# activations are small next to its weights, those copies dominate.
-WEIGHT_COPIES = (
-    "Autocast keeps half-precision copies of the weights for backward, which outweigh the "
-    "activations on a model this small."
-)
-
-
 def _capability(tags: dict[str, str]) -> float | None:
     try:
         return float(tags["compute_capability"])
     except (KeyError, ValueError):
         return None
-
-
-def _pts(delta: float) -> str:
-    return f"{delta * 100:+.1f} points"
 
 
 def _rate(r: Row) -> str:
@@ -101,14 +74,14 @@ def findings(
     for where, group in groups.items():
         suffix = f" ({where})" if len(groups) > 1 else ""
         if any(r.n > 1 for r in group):
-            out.extend(_interval_findings(group, baseline_mode, suffix, device))
+            out.extend(interval_findings(group, baseline_mode, suffix, device))
         else:
             out.extend(_group_findings(group, baseline_mode, suffix))
         if targets and where in targets:
             out.extend(_target_findings(group, baseline_mode, suffix, targets[where]))
     out.extend(_contention_findings(done))
-    out.extend(_noscale_findings(done, baseline_mode))
-    out.extend(_underflow_findings(done))
+    out.extend(noscale_findings(done, baseline_mode))
+    out.extend(underflow_findings(done))
     out.extend(numerics.findings(rows))
     out.extend(_capacity_findings(compared, baseline_mode, budget))
     out.extend(_fp8_findings(done))
@@ -189,12 +162,12 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
         for r in lost:
             out.append(
                 f"Accuracy dropped{where} for {r.precision}: {r.val_acc:.3f} "
-                f"({_pts(r.acc_delta)} vs {base})."
+                f"({pts(r.acc_delta)} vs {base})."
             )
         for r in gained:
             out.append(
                 f"Accuracy rose{where} for {r.precision}: {r.val_acc:.3f} "
-                f"({_pts(r.acc_delta)} vs {base}; at this run length that is noise, not a gain)."
+                f"({pts(r.acc_delta)} vs {base}; at this run length that is noise, not a gain)."
             )
     out.extend(_perplexity_findings(group, base, where))
     return out
@@ -293,160 +266,6 @@ def _target_findings(group: list[Row], base: str, where: str, target: str) -> li
     ]
 
 
-# ---------------------------------------------------------------- verdicts over repeats
-
-
-def _on(device: dict[str, str]) -> str:
-    kind = device.get("device")
-    return {"cpu": " on this CPU", "cuda": " on this GPU"}.get(kind, "")
-
-
-def _n(r: Row, name: str) -> int:
-    est = r.ci.get(name)
-    return est.n if est is not None else r.n
-
-
-def _ratio(r: Row, name: str, vs: str = "") -> str:
-    """``0.16x (0.15-0.17x), n=3`` (``0.52x in all 3 runs``; ``0.16x, a single run``);
-    ``vs``: what it is a ratio to, after the value."""
-    value, est = getattr(r, name), r.ci.get(name)
-    if est is None or not est.has_interval:
-        return f"{ratio_range(value, None)}{vs}, a single run"
-    if est.half_width == 0:
-        every = "both runs" if est.n == 2 else f"all {est.n} runs"
-        return f"{ratio_range(value, None)}{vs} in {every}"
-    return f"{ratio_range(value, est)}{vs}, n={est.n}"
-
-
-def _too_wide(est: stats.Estimate, target: float, ratio: bool, unit: str) -> str:
-    """Why an interval that contains "no difference" is no verdict, and the runs that would
-    make it one: ``n`` runs observed a spread; at that spread the interval would narrow to
-    ``target`` after the number ``stats.repeats_needed`` finds."""
-    needed = stats.repeats_needed(est, target, ratio)
-    runs = "2 runs" if est.n == 2 else f"{est.n} runs"
-    more = (
-        f"more than {stats.MAX_REPEATS} runs per mode"
-        if needed > stats.MAX_REPEATS
-        else f"about {needed} runs per mode (sweep.repeats={needed})"
-    )
-    return (
-        f"with {runs} per mode the interval is too wide to judge: at this spread {more} "
-        f"would narrow it to {unit}"
-    )
-
-
-def _wide(est: stats.Estimate | None, target: float, ratio: bool) -> bool:
-    """An interval that says nothing yet: it contains "no difference" and either rests on
-    fewer than ``stats.MIN_REPEATS`` runs or is wider than ``target``."""
-    verdict = stats.compare(est, 1.0 if ratio else 0.0)
-    if verdict == "too wide":
-        return True
-    needed = stats.repeats_needed(est, target, ratio)
-    return verdict == "indistinguishable" and needed is not None and needed > est.n
-
-
-def _speed(r: Row, base: str, on: str) -> str:
-    """One mode's speed against the baseline: ``fp16 is 25x slower than fp32 on this CPU
-    (0.04x (0.03-0.05x), n=3)``; a wide interval is named as such, with the runs it needs."""
-    est = r.ci.get("speedup")
-    verdict = stats.compare(est, 1.0)
-    shown = _ratio(r, "speedup")
-    if _wide(est, stats.PRECISION_WANTED, ratio=True):
-        why = _too_wide(est, stats.PRECISION_WANTED, True, f"within {stats.PRECISION_WANTED:.0%}")
-        words = how_much(r.speedup)
-        than = "as fast as" if words == "as fast" else f"{words} than"
-        return f"{r.precision} ran {than} {base}{on} in the mean ({shown}), but {why}"
-    if verdict in ("lower", "higher"):
-        words = how_much(r.speedup)
-        if words == "as fast":
-            words = "slightly slower" if verdict == "lower" else "slightly faster"
-        return f"{r.precision} is {words} than {base}{on} ({shown})"
-    return f"{r.precision} {SPEED_WORDS[verdict]} {base}{on} ({shown})"
-
-
-def _points(r: Row, vs: str = "") -> str:
-    """``-0.1 +/- 0.3 points, n=5``: a paired accuracy difference and its interval."""
-    est = r.ci.get("acc_delta")
-    if est is None or not est.has_interval:
-        return f"{_pts(r.acc_delta)}{vs}, a single run"
-    return f"{r.acc_delta * 100:+.1f} +/- {est.half_width * 100:.1f} points{vs}, n={est.n}"
-
-
-def _acc(r: Row) -> str:
-    est = r.ci.get("val_acc")
-    if est is None or not est.has_interval:
-        return f"{r.val_acc:.3f}"
-    return f"{r.val_acc:.3f} +/- {est.half_width:.3f}"
-
-
-# What the interval of a paired comparison says (``stats.compare``; None: a single run)
-SPEED_WORDS = {
-    "lower": "is slower than",
-    "higher": "is faster than",
-    "indistinguishable": "is indistinguishable in speed from",
-    None: "compares with",
-}
-ACC_WORDS = {
-    "lower": "is lower than",
-    "higher": "is higher than",
-    "indistinguishable": "is indistinguishable from",
-    None: "compares with",
-}
-
-
-def _interval_findings(group: list[Row], base: str, where: str, device: dict) -> list[str]:
-    """Speed, memory and accuracy against the baseline, each a verdict on the 95% interval of
-    the paired comparison: a mode is faster (or more accurate) only when the whole interval
-    says so, else it is indistinguishable from the baseline at this number of repeats."""
-    out = []
-    others = [r for r in group if r.precision != base]
-    speed = [
-        _speed(r, base, _on(device))
-        for r in others
-        if is_number(r.speedup) and not r.emulated and not r.contended
-    ]
-    if speed:
-        out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
-    act = [r for r in others if is_number(r.activation_ratio)]
-    if act:
-        best = min(act, key=lambda r: r.activation_ratio)
-        base_mib = best.activation_mib / best.activation_ratio
-        saved = best.activation_ratio < 1
-        less = f"; {(1 - best.activation_ratio) * 100:.0f}% less" if saved else ""
-        head = "Most activation memory saved" if saved else "No mode saved activation memory"
-        why = "" if saved else f" {WEIGHT_COPIES}"
-        out.append(
-            f"{head}{where}: {best.precision}, {best.activation_mib:.2f} MiB per step vs "
-            f"{base_mib:.2f} MiB for {base} ({_ratio(best, 'activation_ratio')}{less}).{why}"
-        )
-    peak = [r for r in others if is_number(r.peak_ratio)]
-    if peak:
-        best = min(peak, key=lambda r: r.peak_ratio)
-        out.append(
-            f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB vs "
-            f"{best.peak_mib / best.peak_ratio:,.0f} MiB for {base} "
-            f"({_ratio(best, 'peak_ratio')})."
-        )
-    accs = [r for r in others if is_number(r.acc_delta)]
-    if accs:
-        parts = [_accuracy(r, base) for r in accs]
-        base_row = next((r for r in group if r.precision == base), None)
-        if base_row is not None and is_number(base_row.val_acc):
-            parts.insert(0, f"{base} reached {_acc(base_row)} (n={_n(base_row, 'val_acc')})")
-        out.append(f"Accuracy{where}, paired by seed: " + "; ".join(parts) + ".")
-    return out
-
-
-def _accuracy(r: Row, base: str) -> str:
-    """One mode's accuracy against the baseline's: its verdict on the paired interval, or that
-    the interval is too wide (wider than ``ACC_TOLERANCE``, the change the report calls a loss)."""
-    est = r.ci.get("acc_delta")
-    if _wide(est, ACC_TOLERANCE, ratio=False):
-        why = _too_wide(est, ACC_TOLERANCE, False, f"+/- {ACC_TOLERANCE * 100:.1f} points")
-        return f"{r.precision}'s accuracy against {base}'s is {_points(r)}, but {why}"
-    return f"{r.precision}'s accuracy {ACC_WORDS[stats.compare(est, 0.0)]} {base}'s ({_points(r)})"
-
-
 def _capacity_findings(compared: list[Row], base: str, budget: str) -> list[str]:
     """How much larger a batch each mode fits than the baseline in the memory budget."""
     rows = [r for r in compared if r.precision != base and is_number(r.max_batch_ratio)]
@@ -463,13 +282,13 @@ def _capacity_findings(compared: list[Row], base: str, budget: str) -> list[str]
         return [
             f"No mode fits a larger batch than {base} {budget}: the most is {best.precision} "
             f"with {best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
-            f"({_ratio(best, 'max_batch_ratio')}){how}."
+            f"({ratio_of(best, 'max_batch_ratio')}){how}."
         ]
     rest = f"; {others}" if others else ""
     return [
         f"{best.precision} fits {best.max_batch_ratio:.2f}x the batch of {base} {budget}: "
         f"{best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
-        f"({_ratio(best, 'max_batch_ratio')}{rest}){how}."
+        f"({ratio_of(best, 'max_batch_ratio')}{rest}){how}."
     ]
 
 
@@ -477,7 +296,7 @@ def _fp8_findings(done: list[Row]) -> list[str]:
     """What fp8 converted, and that an emulated run's speed means nothing."""
     out = []
     for r in done:
-        if not _is(r.precision, lambda m: bool(m.fp8)):
+        if not is_mode(r.precision, lambda m: bool(m.fp8)):
             continue
         share = (
             f"the Linear layers it converted carry {r.fp8_flop_share:.0%} of the FLOPs (the rest "
@@ -496,69 +315,12 @@ def _fp8_findings(done: list[Row]) -> list[str]:
     return out
 
 
-def _noscale_findings(done: list[Row], base: str) -> list[str]:
-    out = []
-    for r in done:
-        if not _is(r.precision, lambda m: m.unscaled_fp16):
-            continue
-        acc = f"reached {_acc(r)}" if is_number(r.val_acc) else "has no accuracy"
-        delta = ""
-        if is_number(r.acc_delta):
-            vs = f" vs {base}"
-            delta = f" ({_points(r, vs)})" if r.n > 1 else f" ({_pts(r.acc_delta)}{vs})"
-        if is_number(r.val_ppl):  # a language model
-            acc = f"reached perplexity {r.val_ppl:.3f}"
-            ratio = r.ppl_ratio
-            delta = f" ({(ratio - 1.0) * 100:+.1f}% vs {base})" if is_number(ratio) else ""
-        text = (
-            f"fp16 without loss scaling ({r.precision}) {acc}{delta}. With no scaler no step is "
-            "checked or skipped: gradients too small for fp16 silently become zero"
-        )
-        under = r.extra.get("amp/grad_underflow_frac")
-        if is_number(under):
-            text += (
-                f" ({percent(under)} of this run's gradient values did)"
-                if under > 0
-                else " (on this model none did: amp/grad_underflow_frac 0)"
-            )
-        scaled = [x for x in done if _is(x.precision, _scaled_fp16) and x.model == r.model]
-        if scaled:
-            parts = [
-                f"{x.precision} skipped {x.skipped_steps or 0:.0f} step(s), final scale "
-                f"{x.loss_scale:g}"
-                for x in scaled
-                if is_number(x.loss_scale)
-            ]
-            if parts:
-                text += "; with scaling, " + "; ".join(parts)
-        out.append(text + ".")
-    return out
-
-
-def _underflow_findings(done: list[Row]) -> list[str]:
-    """What the gradient-underflow diagnostics measured (runs with diagnostics.every > 0):
-    how much of the gradient fp16 without scaling loses on this model, what the scaler keeps."""
-    groups: dict[str, dict[str, dict[str, float]]] = {}
-    for r in done:
-        if r.extra:
-            metrics = {**r.extra, **({"val/acc": r.val_acc} if is_number(r.val_acc) else {})}
-            if is_number(r.loss_scale):
-                metrics["amp/loss_scale"] = r.loss_scale
-            groups.setdefault(r.configuration, {})[r.precision] = metrics
-    out = []
-    for where, runs in groups.items():
-        text = underflow_finding(runs)
-        if text:
-            out.append(f"Gradient underflow{f' ({where})' if len(groups) > 1 else ''}: {text}")
-    return out
-
-
 def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -> list[str]:
     half = [
         r
         for r in compared
         if r.precision != base
-        and _is(r.precision, lambda m: m.half)
+        and is_mode(r.precision, lambda m: m.half)
         and is_number(r.speedup)
         and not r.contended
     ]
@@ -588,73 +350,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
         kind == "cuda"
         and cap is not None
         and cap < 8.0
-        and any(_is(r.precision, lambda m: m.dtype == "bf16") for r in half)
+        and any(is_mode(r.precision, lambda m: m.dtype == "bf16") for r in half)
     ):
         return [f"This GPU (compute capability {cap}) has no native bf16: bf16 modes are emulated."]
     return []
-
-
-# ---------------------------------------------------------------- gradient underflow
-
-
-def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
-    """A plain-language finding from a sweep's child runs.
-
-    ``runs`` maps a precision mode name to that run's latest metrics. The underflow share
-    comes from the run measured in the mode least affected (full exponent range: fp32, tf32,
-    then bf16; else any); the rescue from an fp16 run with a scaler; the measured loss from an
-    fp16 run without one. None when nothing was measured.
-    """
-    key = "amp/grad_underflow_frac"
-    measured = {mode: m for mode, m in runs.items() if key in m and not math.isnan(m[key])}
-    if not measured:
-        return None
-    # The reference: a mode with fp32's exponent range (fp32 and tf32 before bf16), else any.
-    full = sorted(
-        (n for n in measured if _is(n, lambda m: m.full_range)),
-        key=lambda n: modes.MODES[n].half,
-    )
-    base_mode = full[0] if full else next(iter(measured))
-    lost = measured[base_mode][key]
-    parts = []
-    if lost == 0:
-        parts.append(
-            f"No gradient value falls below fp16's range on this model (measured in {base_mode}): "
-            "fp16 would train here even without loss scaling."
-        )
-    else:
-        parts.append(
-            f"fp16 without loss scaling would flush {percent(lost)} of the non-zero gradient "
-            f"values to zero on this model (measured in {base_mode}); "
-            f"{percent(measured[base_mode].get('amp/grad_subnormal_frac', float('nan')))} "
-            "fall below fp16's normal range."
-        )
-    noscale_mode = next((n for n in measured if _is(n, lambda m: m.unscaled_fp16)), None)
-    noscale = measured.get(noscale_mode) if noscale_mode else None
-    if noscale and "amp/grad_flushed_frac" in noscale:
-        flushed = noscale["amp/grad_flushed_frac"]
-        lost_here = (
-            f"lost {percent(flushed)} of its non-zero gradient values"
-            if flushed > 0
-            else "lost none of its gradient values"
-        )
-        text = f"The {noscale_mode} run actually {lost_here}"
-        if "val/acc" in noscale and base_mode in runs and "val/acc" in runs[base_mode]:
-            text += (
-                f" and reached val/acc {noscale['val/acc']:.3f} against "
-                f"{runs[base_mode]['val/acc']:.3f} in {base_mode}"
-            )
-        parts.append(text + ".")
-    scaled_mode = next((n for n in measured if _is(n, _scaled_fp16)), None)
-    if lost > 0 and scaled_mode and "amp/grad_underflow_frac_scaled" in measured[scaled_mode]:
-        m = measured[scaled_mode]
-        still = m["amp/grad_underflow_frac_scaled"]
-        scale = m.get("amp/loss_scale", float("nan"))
-        if m[key] > 0:
-            kept = 1.0 - still / m[key]
-            left = f"leaves {percent(still)} below fp16's range" if still > 0 else "leaves none"
-            parts.append(
-                f"In {scaled_mode}, the scaler at scale {scale:g} {left}, so it keeps "
-                f"{percent(kept)} of the values fp16 alone would lose."
-            )
-    return " ".join(parts)

@@ -15,7 +15,7 @@ import re
 import statistics
 from dataclasses import replace
 
-from ampsweep.report import numerics, stats
+from ampsweep.report import numerics_fields, stats
 from ampsweep.report.model import Row, RunData, is_number
 from ampsweep.report.rows import SEED, config_key, shown_precision, varying
 from ampsweep.tracking.store import FINISHED
@@ -102,7 +102,7 @@ def _summary(group: list[Row], varies: dict[str, str]) -> Row:
         seed=",".join(r.seed for r in group),
         loss_scale=statistics.median(scales) if scales else None,  # a typical final scale
         extra=extra,
-        **numerics.group_fields(group),
+        **numerics_fields.group_fields(group),
         note="; ".join(sorted({r.note for r in group if r.note})),
         varies=varies.get(first.run_id, ""),
         reused=all(r.reused for r in group),

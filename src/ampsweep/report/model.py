@@ -114,7 +114,7 @@ class Row:
     num_classes: int | None = None  # the data's classes (its data.num_classes tag): chance level
     emulated: bool = False  # an fp8 mode in torchao's emulation: its speed means nothing
     fp8_flop_share: float | None = None  # share of the FLOPs in layers converted to fp8
-    # What went wrong numerically (``report.numerics`` reads and judges these). Where the first
+    # What went wrong numerically (read by ``report.numerics_fields``). Where the first
     # inf/NaN began, as the run located it: the step, the kind (forward, loss, weight_grad,
     # input_grad, not_reproduced), the module, the sentence and the fix; ``nonfinite_runs``:
     # how many of the row's runs had one (the other fields are the first such run's).

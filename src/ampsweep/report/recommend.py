@@ -2,7 +2,7 @@
 the evidence cannot decide, the question that is open and the run that would close it.
 
 A mode is recommended only when its quality held against the baseline (accuracy within
-``findings.ACC_TOLERANCE``, perplexity within ``findings.PPL_TOLERANCE``; over repeats, the
+``criteria.ACC_TOLERANCE``, perplexity within ``criteria.PPL_TOLERANCE``; over repeats, the
 whole interval), its runs went right numerically (``numerics.went_wrong``), and it is faster
 than the baseline on a device whose timings mean something (a GPU, not an emulated fp8 run).
 Three things leave the question open instead: a baseline that has not learned (accuracy near
@@ -17,7 +17,8 @@ import shlex
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics, stats
-from ampsweep.report.findings import ACC_TOLERANCE, LEARNT, PPL_TOLERANCE, describe_device
+from ampsweep.report.criteria import ACC_TOLERANCE, LEARNT, PPL_TOLERANCE
+from ampsweep.report.findings import describe_device
 from ampsweep.report.model import Recommendation, Row, how_much, is_number, ratio_range
 from ampsweep.tracking.store import FINISHED
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ampsweep.measure import capacity, contention
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import numerics
+from ampsweep.report import numerics_fields
 from ampsweep.report.model import Row, RunData, is_number
 from ampsweep.tracking.store import (
     DATA_PREFIX,
@@ -143,7 +143,7 @@ def compute_rows(
             cpu_used=m.get(contention.CORES_USED),
             cpu_others=m.get(contention.CORES_OTHERS),
             cpu_cores=m.get(contention.CORES),
-            **numerics.row_fields(run),
+            **numerics_fields.row_fields(run),
         )
         row.contended = contended(m)
         row.contended_runs = int(row.contended)

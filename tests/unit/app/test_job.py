@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from callbacks import signal_at_step
-from conftest import all_runs, resumable
+from conftest import all_runs
 
 from ampsweep.app import job
+from ampsweep.app.context import EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED, CommandContext, JobOutcome
 from ampsweep.config import compose as config
-from ampsweep.engine import checkpoint, loop
+from ampsweep.engine import loop
 from ampsweep.tracking import store
 
 METRICS_CPU = {
@@ -47,7 +48,7 @@ TAGS = {
 }
 
 
-def run(uri: str, quick: list[str], *overrides: str, command=None) -> job.JobOutcome:
+def run(uri: str, quick: list[str], *overrides: str, command=None) -> JobOutcome:
     cfg = config.load([*quick, f"tracking.uri={uri}", *overrides])
     return job.run_job(cfg, command=command)
 
@@ -156,7 +157,7 @@ def test_a_failing_run_is_failed_with_its_error_tag(store_uri, quick, monkeypatc
 
     monkeypatch.setattr(loop, "fit", broken)
     outcome = run(store_uri, quick, "model=mlp")
-    assert outcome.status == "FAILED" and outcome.exit_code == job.EXIT_FAILED
+    assert outcome.status == "FAILED" and outcome.exit_code == EXIT_FAILED
     r = store.client_for(store_uri).get_run(outcome.run_id)
     assert r.info.status == "FAILED"
     assert r.data.tags["error"] == "RuntimeError: boom second line"  # one line
@@ -167,22 +168,22 @@ def test_ctrl_c_ends_the_run_killed(store_uri, quick, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "fit", interrupted)
-    command = job.CommandContext()
+    command = CommandContext()
     with pytest.raises(KeyboardInterrupt):
         run(store_uri, quick, "model=mlp", command=command)
     (r,) = all_runs(store_uri)
     assert r.info.status == "KILLED"
     assert command.outcomes[-1].status == "KILLED"
-    assert command.outcomes[-1].exit_code == job.EXIT_KILLED
+    assert command.outcomes[-1].exit_code == EXIT_KILLED
 
 
 def test_a_config_the_hardware_or_data_refuses_leaves_no_run(tmp_path, store_uri, quick):
     outcome = run(store_uri, quick, "dataset=mnist", f"dataset.root={tmp_path / 'none'}")
-    assert outcome.status == "FAILED" and outcome.exit_code == job.EXIT_CONFIG
+    assert outcome.status == "FAILED" and outcome.exit_code == EXIT_CONFIG
     assert "dataset=mnist" in outcome.error
     assert all_runs(store_uri) == []
     outcome = run(store_uri, quick, "precision=tf32")
-    assert outcome.exit_code == job.EXIT_CONFIG and "precision=tf32" in outcome.error
+    assert outcome.exit_code == EXIT_CONFIG and "precision=tf32" in outcome.error
     assert all_runs(store_uri) == []
 
 
@@ -191,7 +192,7 @@ def test_diverging_lr_stops_failed_and_the_sweep_goes_on(store_uri, quick):
     bad = job.run_job(
         config.load([*base, "optimizer=sgd", "optimizer.lr=1e6", "trainer.max_nonfinite_steps=4"])
     )
-    assert bad.status == "FAILED" and bad.exit_code == job.EXIT_FAILED
+    assert bad.status == "FAILED" and bad.exit_code == EXIT_FAILED
     client = store.client_for(store_uri)
     r = client.get_run(bad.run_id)
     assert r.data.tags["diverged"] == "true"
@@ -205,43 +206,18 @@ def test_diverging_lr_stops_failed_and_the_sweep_goes_on(store_uri, quick):
 # ---------------------------------------------------------------- stop requests
 
 
-def test_a_second_signal_stops_at_once():
-    in_main_thread()
-    stop = job.StopRequest().install()
-    try:
-        with stop.deferred():
-            os.kill(os.getpid(), signal.SIGTERM)  # the first: noted, honoured at the next step
-            assert stop.requested
-            with pytest.raises(KeyboardInterrupt, match="SIGINT"):
-                os.kill(os.getpid(), signal.SIGINT)  # the second: at once
-    finally:
-        stop.uninstall()
-
-
-def test_a_signal_outside_the_training_loop_stops_at_once():
-    in_main_thread()
-    stop = job.StopRequest().install()
-    try:
-        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-            os.kill(os.getpid(), signal.SIGTERM)
-        assert not stop.requested
-    finally:
-        stop.uninstall()
-    assert signal.getsignal(signal.SIGTERM) is not stop._handle  # uninstalled
-
-
 def test_a_callback_stops_a_run_that_resumes_without_it(store_uri, quick, capsys):
     """A callback from the config signals at step 3; the run, stopped with a checkpoint, is
     resumed by a command without the callback: the same run (callbacks are not in the hash)."""
     in_main_thread()
-    command = job.CommandContext()
+    command = CommandContext()
     with pytest.raises(KeyboardInterrupt):
         run(store_uri, quick, signal_at_step(3, "SIGTERM"), command=command)
     (r,) = all_runs(store_uri)
     assert r.info.status == "KILLED"
     assert r.data.tags["error"].startswith("interrupted (stopped at step 3, checkpoint ")
     assert "SIGTERM: stopping after this step" in capsys.readouterr().err
-    assert command.outcomes[-1].exit_code == job.EXIT_KILLED
+    assert command.outcomes[-1].exit_code == EXIT_KILLED
     again = run(store_uri, quick, "trainer.resume=auto")
     assert again.status == "FINISHED" and again.run_id == r.info.run_id
     assert store.client_for(store_uri).get_run(r.info.run_id).data.tags["resumed_at_step"] == "3"
@@ -261,7 +237,7 @@ def test_sigterm_after_the_last_step_keeps_the_run_finished_and_stops(
 
     monkeypatch.setattr(loop, "evaluate", evaluate_then_signalled)
     result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
-    assert result.code == job.EXIT_KILLED
+    assert result.code == EXIT_KILLED
     assert "SIGTERM: stopping after this step" in result.err
     assert result.err.strip().endswith("error: interrupted")
     (r,) = all_runs(store_uri)
@@ -281,7 +257,7 @@ def test_sigterm_while_the_run_is_recorded_ends_it_killed(store_uri, quick, monk
 
     monkeypatch.setattr(MlflowRecorder, "log_json", log_json_then_signalled)
     result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
-    assert result.code == job.EXIT_KILLED
+    assert result.code == EXIT_KILLED
     (r,) = all_runs(store_uri)
     assert r.info.status == "KILLED" and r.data.tags["error"] == "interrupted (SIGTERM)"
 
@@ -307,122 +283,10 @@ def test_sigterm_while_a_failure_is_recorded_still_ends_the_run_failed(
     monkeypatch.setattr(loop, "fit", peer_died)
     monkeypatch.setattr(MlflowRecorder, "end", end_signalled)
     result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
-    assert result.code == job.EXIT_KILLED
+    assert result.code == EXIT_KILLED
     (r,) = all_runs(store_uri)
     assert r.info.status == "FAILED"
     assert r.data.tags["error"] == "RuntimeError: Connection closed by peer"
-
-
-# ---------------------------------------------------------------- resume by run id
-
-
-def test_resume_by_run_id_continues_the_same_run(tmp_path, store_uri):
-    args = [*resumable(tmp_path / "ck", "trainer.max_steps=9", "trainer.checkpoint_every=3")]
-    args.append(f"tracking.uri={store_uri}")
-    first = job.run_job(config.load(args))
-    client = store.client_for(store_uri)
-    # Pretend it was killed after step 6: drop the end checkpoint, mark it KILLED.
-    folder = Path(client.get_run(first.run_id).data.tags["checkpoint_dir"])
-    (folder / "step-00000009-end.pt").unlink()
-    client.set_terminated(first.run_id, "KILLED")
-    again = job.run_job(config.load([*args, f"trainer.resume={first.run_id}"]))
-    assert again.status == "FINISHED" and again.run_id == first.run_id
-    history = client.get_metric_history(first.run_id, "train/loss")
-    steps = [m.step for m in history]
-    assert sorted(steps) == [3, 6, 9]  # step 9 was already logged: not logged twice
-    r = client.get_run(first.run_id)
-    assert r.data.tags["resumed_at_step"] == "6"
-    assert [x.info.run_id for x in all_runs(store_uri)] == [first.run_id]  # no second run
-
-
-@pytest.fixture
-def killed_run(tmp_path, store_uri):
-    """A recorded run "killed" after step 3 of 6: KILLED, its step-3 checkpoint on disk."""
-    args = [*resumable(tmp_path / "ck", "trainer.max_steps=6", "trainer.checkpoint_every=3")]
-    args.append(f"tracking.uri={store_uri}")
-    first = job.run_job(config.load(args))
-    client = store.client_for(store_uri)
-    folder = Path(client.get_run(first.run_id).data.tags[store.CHECKPOINT_DIR])
-    (folder / "step-00000006-end.pt").unlink()
-    client.set_terminated(first.run_id, store.KILLED)
-    return args, first.run_id, folder
-
-
-def refused(args: list[str], capsys) -> str:
-    """Run a job that must be refused before it records anything; its one-line error."""
-    capsys.readouterr()  # the fixture's own output
-    before = {r.info.run_id: r.info.status for r in all_runs(_uri_of(args))}
-    outcome = job.run_job(config.load(args))
-    assert outcome.status == "FAILED" and outcome.exit_code == job.EXIT_CONFIG
-    after = {r.info.run_id: r.info.status for r in all_runs(_uri_of(args))}
-    assert after == before  # no new run, nothing changed, nothing left RUNNING
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
-    return outcome.error
-
-
-def _uri_of(args: list[str]) -> str:
-    return next(a.split("=", 1)[1] for a in args if a.startswith("tracking.uri="))
-
-
-def test_a_run_with_no_checkpoint_is_refused(killed_run, capsys):
-    args, run_id, folder = killed_run
-    for path in folder.glob("step-*.pt"):
-        path.unlink()
-    error = refused([*args, f"trainer.resume={run_id}"], capsys)
-    assert error.startswith(f"trainer.resume={run_id}: run {run_id} has no checkpoint")
-
-
-def test_a_finished_run_is_refused(killed_run, store_uri, capsys):
-    args, run_id, folder = killed_run
-    store.client_for(store_uri).set_terminated(run_id, store.FINISHED)
-    error = refused([*args, f"trainer.resume={folder / 'step-00000003.pt'}"], capsys)
-    assert f"run {run_id} of {folder / 'step-00000003.pt'} already FINISHED" in error
-
-
-def test_a_run_in_another_store_is_refused(killed_run, tmp_path, empty_store, capsys):
-    args, run_id, folder = killed_run
-    other = tmp_path / "other.db"
-    other.write_bytes(empty_store.read_bytes())
-    args = [a for a in args if not a.startswith("tracking.uri=")]
-    args.append(f"tracking.uri=sqlite:///{other}")
-    error = refused([*args, f"trainer.resume={folder / 'step-00000003.pt'}"], capsys)
-    assert f"belongs to run {run_id}, which is not in the configured store {other}" in error
-    error = refused([*args, f"trainer.resume={run_id}"], capsys)
-    assert f"no such checkpoint path and no run {run_id} in the configured store" in error
-
-
-def test_a_run_id_without_tracking_is_refused(killed_run, capsys):
-    args, run_id, _ = killed_run
-    args = [a for a in args if not a.startswith("tracking.uri=")]
-    outcome = job.run_job(config.load([*args, "tracking=none", f"trainer.resume={run_id}"]))
-    assert outcome.exit_code == job.EXIT_CONFIG
-    assert "resuming by run id needs tracking=mlflow" in outcome.error
-
-
-def test_a_checkpoint_of_another_config_is_refused(killed_run, capsys):
-    args, run_id, folder = killed_run
-    error = refused([*args, "optimizer.lr=0.5", f"trainer.resume={run_id}"], capsys)
-    assert "was written by a different config: optimizer.lr=0.001 in the checkpoint" in error
-
-
-def test_an_explicit_end_checkpoint_is_refused_by_the_job(tmp_path, store_uri, capsys):
-    args = [*resumable(tmp_path / "ck", "trainer.max_steps=3"), f"tracking.uri={store_uri}"]
-    first = job.run_job(config.load(args))
-    folder = Path(store.client_for(store_uri).get_run(first.run_id).data.tags["checkpoint_dir"])
-    (end,) = folder.glob("*-end.pt")
-    error = refused([*args, f"trainer.resume={end}"], capsys)
-    assert f"{end} is the end of run {first.run_id}" in error
-
-
-def test_a_checkpoint_holds_no_secret(tmp_path, store_uri, monkeypatch):
-    secret = "s3cr3t-value-in-ckpt"
-    monkeypatch.setenv("MY_API_TOKEN", secret)
-    args = [*resumable(tmp_path / "ck", "trainer.max_steps=3"), f"tracking.uri={store_uri}"]
-    job.run_job(config.load([*args, "tracking.run_name=run-${oc.env:MY_API_TOKEN}"]))
-    (end,) = (tmp_path / "ck").glob("*/*/step-*-end.pt")
-    assert secret.encode() not in end.read_bytes()
-    assert checkpoint.load(end)["config"]["tracking.run_name"] == "run-***"
 
 
 # ---------------------------------------------------------------- secrets and global state

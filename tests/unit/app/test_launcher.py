@@ -16,7 +16,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from mlflow import MlflowClient
 
 from ampsweep.app import launcher, slurm
-from ampsweep.app.job import JobOutcome
+from ampsweep.app.context import JobOutcome
 from ampsweep.tracking import store as names
 from ampsweep.tracking.sweep import SweepInfo
 

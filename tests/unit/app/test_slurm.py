@@ -1,5 +1,5 @@
-"""app/slurm.py: reading sinfo, the checks a SLURM sweep must pass before it is submitted, and
-the requeue signal inside a job (app/job.py's StopRequest). The same checks run against a
+"""app/slurm.py: the checks a SLURM sweep must pass before it is submitted, and the requeue
+signal inside a job (app/signals.py's StopRequest). The same checks run against a
 real cluster in tests/e2e/test_slurm.py; here the cases a one-node cluster cannot show (other
 machines, partition limits, several partitions) use sinfo's text as SLURM prints it."""
 
@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
-from ampsweep.app import slurm
-from ampsweep.app.job import StopRequest
+from ampsweep.app import sinfo, slurm
+from ampsweep.app.signals import StopRequest
 from ampsweep.config.schema import ConfigError
 
 # sinfo -h -N -o '%P|%N|%n|%o|%c|%G|%m|%l' on a small GPU cluster
@@ -25,40 +24,11 @@ debug|c1|c1.cluster|10.0.0.11|64|(null)|257000|30:00
 """
 
 
-def test_sinfo_is_read_into_partitions_with_their_nodes():
-    parts = slurm.parse_sinfo(SINFO)
-    assert sorted(parts) == ["cpu", "debug", "gpu"]
-    cpu, gpu, debug = parts["cpu"], parts["gpu"], parts["debug"]
-    assert cpu.default and not gpu.default and not debug.default
-    assert [n.name for n in cpu.nodes] == ["c1", "c2"]
-    assert (cpu.max_cpus, cpu.max_gpus, cpu.max_memory_mb) == (64, 0, 257000)
-    assert (gpu.max_cpus, gpu.max_gpus) == (48, 10)  # g2: 8 H100 + 2 A100
-    assert (cpu.time_limit_min, gpu.time_limit_min, debug.time_limit_min) == (2880, 720, 30)
-
-
-@pytest.mark.parametrize(
-    "gres, gpus",
-    [("(null)", 0), ("gpu:4", 4), ("gpu:a100:4(S:0-1)", 4), ("gpu:a100:2,gpu:v100:1", 3),
-     ("gpu:a100:4(S:0,1),mps:100", 4), ("tmpdisk:100", 0)],
-)  # fmt: skip
-def test_gpus_are_counted_from_the_generic_resources(gres, gpus):
-    assert slurm.gpu_count(gres) == gpus
-
-
-@pytest.mark.parametrize(
-    "text, minutes",
-    [("infinite", None), ("UNLIMITED", None), ("30:00", 30), ("2:00:00", 120),
-     ("1-12:00:00", 2160), ("45", 45), ("10:30", 11)],
-)  # fmt: skip
-def test_time_limits_in_minutes(text, minutes):
-    assert slurm.parse_time_limit(text) == minutes
-
-
 @pytest.fixture
 def cluster(monkeypatch):
     """The cluster of SINFO, with SLURM's commands present."""
     monkeypatch.setattr(slurm, "missing_commands", lambda: [])
-    monkeypatch.setattr(slurm, "partitions", lambda: slurm.parse_sinfo(SINFO))
+    monkeypatch.setattr(slurm, "partitions", lambda: sinfo.parse_sinfo(SINFO))
 
 
 NPROC = frozenset({"tasks_per_node", "gpus_per_node"})
@@ -120,7 +90,7 @@ def test_a_sweep_over_process_counts_is_refused(cluster):
 
 def test_no_default_partition_and_a_silent_controller(monkeypatch):
     monkeypatch.setattr(slurm, "missing_commands", lambda: [])
-    monkeypatch.setattr(slurm, "partitions", lambda: slurm.parse_sinfo(SINFO.replace("*", "")))
+    monkeypatch.setattr(slurm, "partitions", lambda: sinfo.parse_sinfo(SINFO.replace("*", "")))
     with pytest.raises(ConfigError, match=r"partition=null: this cluster has no default"):
         _check()
 
@@ -141,63 +111,6 @@ def test_without_slurm_commands_it_names_the_local_launcher(monkeypatch, tmp_pat
         "scancel not on PATH): launch the sweep where SLURM jobs are submitted (a login node), "
         "or use hydra/launcher=ampsweep_local to run each job in a process of this machine"
     )
-
-
-# ---------------------------------------------------------------- shared file systems
-
-MOUNTINFO = """\
-22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
-25 22 0:21 / /dev/shm rw,nosuid,nodev shared:3 - tmpfs tmpfs rw
-30 22 0:40 / /home rw,relatime shared:9 - nfs4 fs:/home rw,vers=4.2
-31 22 0:41 / /scratch rw,relatime shared:10 - lustre 10.0.0.5@tcp:/scratch rw
-"""
-
-
-def test_the_mount_holding_a_path_is_the_longest_match():
-    assert slurm.mount_of(Path("/home/me/sweeps/x"), MOUNTINFO) == ("/home", "nfs4")
-    assert slurm.mount_of(Path("/dev/shm/run"), MOUNTINFO) == ("/dev/shm", "tmpfs")
-    assert slurm.mount_of(Path("/tmp/not/yet/made"), MOUNTINFO) == ("/", "ext4")
-    assert slurm.mount_of(Path("/scratch"), MOUNTINFO) == ("/scratch", "lustre")
-
-
-def test_nodes_that_are_this_machine_are_not_remote():
-    names = slurm.parse_sinfo(
-        "p*|n1|n1|127.0.0.1|2|(null)|1000|infinite\n"
-        f"p*|{os.uname().nodename}|{os.uname().nodename}|10.9.9.9|2|(null)|1000|infinite\n"
-        "p*|far|far.example|10.9.9.10|2|(null)|1000|infinite\n"
-    )["p"]
-    assert slurm.remote_nodes(names) == ["far"]
-
-
-def _remote():
-    return slurm.parse_sinfo("p*|far1|far1|10.9.9.1|2|(null)|1000|infinite\n")["p"]
-
-
-def test_files_on_a_file_system_only_this_machine_sees_are_refused_when_jobs_run_elsewhere():
-    with pytest.raises(ConfigError) as err:
-        slurm._check_shared({"hydra.sweep.dir": Path("/dev/shm/sweep")}, _remote(), MOUNTINFO)
-    assert str(err.value) == (
-        "hydra.sweep.dir=/dev/shm/sweep: it is on tmpfs (/dev/shm), which only this machine "
-        "sees, but the jobs run on other machines (far1): set hydra.sweep.dir to a folder on a "
-        "file system the nodes share (NFS, Lustre, ...)"
-    )
-    with pytest.raises(ConfigError, match=r"^tracking.uri=/dev/shm/m.db: .*use a tracking server"):
-        slurm._check_shared({"tracking.uri": Path("/dev/shm/m.db")}, _remote(), MOUNTINFO)
-    # the root file system of this machine: probably not shared, said as a note
-    notes = slurm._check_shared({"trainer.checkpoint_dir": Path("/tmp/c")}, _remote(), MOUNTINFO)
-    assert notes == [
-        "trainer.checkpoint_dir=/tmp/c is on this machine's root file system (ext4); the jobs "
-        "run on far1: unless they mount it too, put it on a shared file system"
-    ]
-    assert slurm._check_shared({"hydra.sweep.dir": Path("/home/u/s")}, _remote(), MOUNTINFO) == []
-    # jobs on this machine see every file system
-    local = slurm.parse_sinfo("p*|n|n|127.0.0.1|2|(null)|1000|infinite\n")["p"]
-    assert slurm._check_shared({"hydra.sweep.dir": Path("/dev/shm/s")}, local, MOUNTINFO) == []
-
-
-def test_this_machines_own_mounts_are_read(tmp_path):
-    point, fstype = slurm.mount_of(tmp_path)
-    assert point and fstype and Path(point) in [tmp_path, *tmp_path.parents]
 
 
 # ---------------------------------------------------------------- inside a SLURM job

@@ -1,10 +1,10 @@
-"""engine/checkpoint.py: what a checkpoint holds, atomic files, the config check, finding a
-checkpoint to resume, and a resumed run continuing exactly where the uninterrupted one went."""
+"""engine/checkpoint.py: what a checkpoint holds, atomic files, a file that is not a good
+checkpoint refused in one line, and a resumed run continuing exactly where the uninterrupted
+one went. (Finding the checkpoint to resume and checking it: test_resume_from.py.)"""
 
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,7 @@ from conftest import resumable
 from ampsweep.config import compose as config
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import build as train
-from ampsweep.engine import checkpoint, loop
+from ampsweep.engine import checkpoint, confighash, loop, resume_from
 
 FP16_GROWING = [  # a scale that grows every 2 clean steps, so it has changed by any stop
     "precision=fp16",
@@ -45,7 +45,7 @@ class StopAt(loop.Callback):
 def train_logged(cfg, state=None, stop=None, run_id="r"):
     setup = train.build(cfg)
     logged: list[tuple[int, dict]] = []
-    ckpts = checkpoint.Checkpointer(checkpoint.folder_for(cfg, run_id), cfg, run_id)
+    ckpts = checkpoint.Checkpointer(confighash.folder_for(cfg, run_id), cfg, run_id)
     if state is not None:
         state = checkpoint.restore(setup, checkpoint.load(state))
     summary = loop.fit(
@@ -69,7 +69,7 @@ def test_resume_continues_exactly(tmp_path, mode):
     whole, whole_log, _, setup = train_logged(cfg, run_id="whole")
     with pytest.raises(loop.Interrupted, match="stopped at step 7"):
         train_logged(cfg, stop=StopAt(7), run_id="cut")  # step 7: mid log window
-    saved = checkpoint.checkpoints_in(checkpoint.folder_for(cfg, "cut"))
+    saved = checkpoint.checkpoints_in(confighash.folder_for(cfg, "cut"))
     assert [p.name for p in saved] == ["step-00000004.pt", "step-00000007.pt"]  # keep=2
     cut = checkpoint.load(saved[-1])
     rest, rest_log, ckpts, resumed = train_logged(cfg, state=saved[-1], run_id="cut")
@@ -102,7 +102,7 @@ def test_checkpoint_is_data_and_restores_every_rng(tmp_path):
     expected = (random.random(), np.random.rand(), torch.rand(1))
     random.random(), np.random.rand(), torch.rand(1)  # move every generator on
     ckpt = torch.load(path, weights_only=True)  # plain data: no pickled code
-    assert ckpt["run_id"] == "abc" and ckpt["config_hash"] == checkpoint.config_hash(cfg)
+    assert ckpt["run_id"] == "abc" and ckpt["config_hash"] == confighash.config_hash(cfg)
     assert ckpt["state"]["loss_sum"] == 1.5
     state = checkpoint.restore(train.build(cfg), ckpt)
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
@@ -121,71 +121,18 @@ def test_a_secret_in_the_config_is_masked_in_the_checkpoint(tmp_path):
     ckpt = checkpoint.load(path)
     assert ckpt["config"]["tracking.run_name"] == "run-***"
     # The hash is of the real config, so the same config still resumes from it ...
-    checkpoint.check(ckpt, cfg, path, str(path), mask=ckpts.mask)
+    resume_from.check(ckpt, cfg, path, str(path), mask=ckpts.mask)
     # ... and a refusal names the real difference, not the masked value.
     other = config.load(
         small(tmp_path, "trainer.max_steps=2", f"tracking.run_name=run-{secret}", "trainer.seed=1")
     )
     with pytest.raises(ConfigError) as err:
-        checkpoint.check(ckpt, other, path, str(path), mask=ckpts.mask)
+        resume_from.check(ckpt, other, path, str(path), mask=ckpts.mask)
     assert "trainer.seed=0 in the checkpoint, 1 now" in str(err.value)
     assert "(and" not in str(err.value) and secret not in str(err.value)
 
 
-def test_resume_refuses_other_config_with_one_line(tmp_path):
-    cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
-    path = checkpoint.Checkpointer(tmp_path / "f", cfg, None).save(
-        train.build(cfg), loop.TrainState(step=1)
-    )
-    other = config.load(small(tmp_path, "trainer.max_steps=2", "optimizer.lr=0.01"))
-    with pytest.raises(ConfigError) as err:
-        checkpoint.check(checkpoint.load(path), other, path, str(path))
-    msg = str(err.value)
-    assert "optimizer.lr=0.001 in the checkpoint, 0.01 now" in msg and "\n" not in msg
-    # Output locations may differ: the same config under another checkpoint_dir is accepted.
-    moved = config.load(small(tmp_path / "x", "trainer.max_steps=2", "trainer.checkpoint_every=5"))
-    checkpoint.check(checkpoint.load(path), moved, path, str(path))
-
-
-def picked(cfg, choice: str, said: list | None = None) -> Path | None:
-    """The checkpoint ``trainer.resume=choice`` resumes (None: afresh), its lease let go."""
-    paths, _ = checkpoint.candidates(cfg, choice)
-    chosen = checkpoint.choose(paths, choice, (said if said is not None else []).append)
-    chosen.lease.release()
-    return chosen.path
-
-
-def test_resume_choices(tmp_path):
-    cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
-    assert picked(cfg, "auto") is None  # nothing yet: start afresh
-    assert not checkpoint.is_path("0123abcd")  # a run id: the job looks it up in the store
-    with pytest.raises(ConfigError, match="run 0123abcd has no checkpoint"):
-        checkpoint.candidates_of_run("0123abcd", None)
-    with pytest.raises(ConfigError, match="no such file"):
-        checkpoint.candidates(cfg, str(tmp_path / "nope.pt"))
-    folder = checkpoint.folder_for(cfg, "run1")
-    ckpts = checkpoint.Checkpointer(folder, cfg, "run1")
-    first = ckpts.save(train.build(cfg), loop.TrainState(step=1))
-    assert picked(cfg, "auto") == first
-    assert picked(cfg, str(folder)) == first  # a folder: its newest
-    assert checkpoint.candidates_of_run("run1", folder) == [first]
-    time.sleep(0.01)
-    ckpts.save(train.build(cfg), loop.TrainState(step=2), complete=True)
-    assert picked(cfg, "auto") is None  # newest ended its run
-
-
 # ---------------------------------------------------------------- every refusal, one line
-
-
-@pytest.fixture
-def saved(tmp_path):
-    """A config and the two checkpoints of its run "run1": step 1, and the end (step 2)."""
-    cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
-    ckpts = checkpoint.Checkpointer(checkpoint.folder_for(cfg, "run1"), cfg, "run1")
-    setup = train.build(cfg)
-    mid = ckpts.save(setup, loop.TrainState(step=1))
-    end = ckpts.save(setup, loop.TrainState(step=2), complete=True)
-    return cfg, mid, end
 
 
 def refusal(call) -> str:
@@ -194,20 +141,6 @@ def refusal(call) -> str:
     message = str(err.value)
     assert "\n" not in message
     return message
-
-
-def test_an_explicit_end_checkpoint_is_refused(saved):
-    cfg, _, end = saved
-    message = refusal(lambda: checkpoint.check(checkpoint.load(end), cfg, end, str(end)))
-    assert f"trainer.resume={end}" in message and "is the end of run run1" in message
-    assert "nothing to resume" in message
-
-
-def test_a_checkpoint_of_another_run_is_refused(saved):
-    cfg, mid, _ = saved
-    ckpt = checkpoint.load(mid)
-    message = refusal(lambda: checkpoint.check(ckpt, cfg, mid, "run2", run_id="run2"))
-    assert message == f"trainer.resume=run2: {mid} belongs to run run1, not run2"
 
 
 @pytest.mark.parametrize("content", [b"not a zip file at all", b""], ids=["garbage", "empty"])
@@ -234,17 +167,3 @@ def test_a_checkpoint_holding_code_is_refused(tmp_path):
     pickled = tmp_path / "evil.pt"
     torch.save({"format": checkpoint.FORMAT, "hook": Path("x")}, pickled)
     assert "not a readable ampsweep checkpoint" in refusal(lambda: checkpoint.load(pickled))
-
-
-def test_an_empty_folder_is_refused(tmp_path, saved):
-    cfg, _, _ = saved
-    (tmp_path / "empty").mkdir()
-    message = refusal(lambda: checkpoint.candidates(cfg, str(tmp_path / "empty")))
-    assert f"trainer.resume={tmp_path / 'empty'}: no step-*.pt checkpoint in" in message
-
-
-def test_a_run_whose_folder_holds_no_checkpoint_is_refused(tmp_path):
-    (tmp_path / "run-folder").mkdir()
-    message = refusal(lambda: checkpoint.candidates_of_run("abc123", tmp_path / "run-folder"))
-    assert message.startswith("trainer.resume=abc123: run abc123 has no checkpoint")
-    assert str(tmp_path / "run-folder") in message

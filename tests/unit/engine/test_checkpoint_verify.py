@@ -20,7 +20,7 @@ from conftest import resumable
 from ampsweep.config import compose as config
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import build as train
-from ampsweep.engine import checkpoint, lease, loop
+from ampsweep.engine import checkpoint, confighash, lease, loop, resume_from
 from ampsweep.errors import FaultError
 
 
@@ -43,7 +43,7 @@ def damage(path: Path, n: int = 256) -> None:
 def run1(tmp_path):
     """A config and its run "run1" with checkpoints at steps 1, 2 and 3 (oldest first)."""
     cfg = config.load([*resumable(tmp_path / "ck", "trainer.max_steps=4"), "tracking=none"])
-    folder = checkpoint.folder_for(cfg, "run1")
+    folder = confighash.folder_for(cfg, "run1")
     ckpts = checkpoint.Checkpointer(folder, cfg, "run1")
     ckpts.keep = 3
     setup = train.build(cfg)
@@ -56,8 +56,8 @@ def run1(tmp_path):
 
 def choose(cfg, choice: str):
     said: list[str] = []
-    paths = checkpoint.candidates(cfg, choice)[0]
-    chosen = checkpoint.choose(paths, choice, said.append)
+    paths = resume_from.candidates(cfg, choice)[0]
+    chosen = resume_from.choose(paths, choice, said.append)
     chosen.lease.release()
     return chosen, said
 

@@ -5,7 +5,6 @@ CPU and old-GPU hardware notes, and the gradient-underflow finding."""
 from __future__ import annotations
 
 from ampsweep.report import sweeps
-from ampsweep.report.findings import underflow_finding as finding
 from unit.report.test_rows import CPU, CUDA, run
 
 
@@ -80,29 +79,6 @@ def test_no_memory_saving_is_not_reported_as_one():
     text = "\n".join(sweeps.make_report({"run_id": "p", "name": "s"}, runs).findings)
     assert "Most activation memory saved" not in text
     assert "No mode saved activation memory: the least is fp16 with 0.20 MiB" in text
-
-
-def test_underflow_finding_states_the_loss_and_the_rescue():
-    runs = {
-        "fp32": {"amp/grad_underflow_frac": 0.4, "amp/grad_subnormal_frac": 0.9, "val/acc": 0.97},
-        "fp16_noscale": {
-            "amp/grad_underflow_frac": 0.4,
-            "amp/grad_flushed_frac": 0.55,
-            "val/acc": 0.5,
-        },
-        "fp16": {
-            "amp/grad_underflow_frac": 0.4,
-            "amp/grad_underflow_frac_scaled": 0.004,
-            "amp/loss_scale": 65536.0,
-        },
-    }
-    text = finding(runs)
-    assert "would flush 40% of the non-zero gradient values" in text
-    assert "actually lost 55%" in text and "val/acc 0.500 against 0.970 in fp32" in text
-    assert "scale 65536 leaves 0.4% below" in text and "keeps 99%" in text
-    assert finding({"fp32": {"val/acc": 0.9}}) is None
-    assert "not" not in finding({"bf16": {"amp/grad_underflow_frac": 0.2}}).split(".")[0]
-    assert "without loss scaling" in finding({"fp32": {"amp/grad_underflow_frac": 0.0}})
 
 
 def test_several_model_and_data_groups_are_named_in_each_finding():
@@ -181,10 +157,3 @@ def test_a_modern_gpu_gets_no_hardware_caveat():
 def test_a_run_that_ended_without_an_error_says_so():
     text = findings_of([run("fp32", acc=0.9), run("bf16", status="KILLED")])
     assert "bf16-cnn-digits ended KILLED: no error recorded." in text
-
-
-def test_no_underflow_says_fp16_would_train_unscaled():
-    text = finding({"fp32": {"amp/grad_underflow_frac": 0.0, "amp/grad_subnormal_frac": 0.0}})
-    assert text.startswith(
-        "No gradient value falls below fp16's range on this model (measured in fp32)"
-    )

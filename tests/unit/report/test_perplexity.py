@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ampsweep.report import render
-from ampsweep.report.findings import PPL_TOLERANCE
+from ampsweep.report.criteria import PPL_TOLERANCE
 from ampsweep.report.model import RunData
 from ampsweep.report.sweeps import make_report
 

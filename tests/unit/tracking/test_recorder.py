@@ -68,6 +68,7 @@ def test_a_job_whose_metrics_cannot_be_written_fails_and_ends_its_run(
     store_uri, quick, monkeypatch
 ):
     from ampsweep.app import job
+    from ampsweep.app.context import EXIT_FAILED
     from ampsweep.config import compose as config
 
     real_start = MlflowRecorder.start
@@ -79,7 +80,7 @@ def test_a_job_whose_metrics_cannot_be_written_fails_and_ends_its_run(
 
     monkeypatch.setattr(MlflowRecorder, "start", start)
     outcome = job.run_job(config.load([*quick, f"tracking.uri={store_uri}", "model=mlp"]))
-    assert outcome.status == store.FAILED and outcome.exit_code == job.EXIT_FAILED
+    assert outcome.status == store.FAILED and outcome.exit_code == EXIT_FAILED
     run = store.client_for(store_uri).get_run(outcome.run_id)
     assert run.info.status == store.FAILED
     assert "stayed locked by another process" in run.data.tags[store.ERROR]

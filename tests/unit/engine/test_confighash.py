@@ -1,10 +1,10 @@
-"""engine.checkpoint: how a run is recorded, and what watches it, are not part of what
+"""engine/confighash.py: how a run is recorded, and what watches it, are not part of what
 determines its result."""
 
 from __future__ import annotations
 
 from ampsweep.config.compose import load
-from ampsweep.engine.checkpoint import config_hash
+from ampsweep.engine.confighash import config_hash
 
 
 def test_recording_settings_leave_the_config_hash_alone():

@@ -1,0 +1,66 @@
+"""What a command and its jobs tell each other: the job's outcome, what the command shares
+with its jobs (``CommandContext``), what Hydra tells a job about itself (``JobContext``), and
+the exit codes a job's end maps to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from ampsweep.tracking.recorder import RunCloser
+from ampsweep.tracking.sweep import SweepInfo
+
+EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED = 2, 1, 130
+
+
+@dataclass
+class JobOutcome:
+    name: str
+    status: str  # FINISHED / FAILED / KILLED
+    run_id: str | None = None
+    error: str | None = None
+    exit_code: int = 0
+    summary: dict = field(default_factory=dict)
+    job_num: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    skipped: bool = False  # a sweep relaunch found this config FINISHED already (run_id: that run)
+    # What training logged, as (step, value) per metric, and the config as it ran (plain data)
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+
+@dataclass
+class CommandContext:
+    """What one command shares with the jobs it runs, and gets back from them."""
+
+    extra_tags: dict[str, str] = field(default_factory=dict)  # e.g. reproduces=<run id>
+    sweep: SweepInfo | None = None  # the sweep this command launched (None: single run)
+    outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
+    closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
+    plan: list[str] = field(default_factory=list)  # a sweep's modes by job number (estimates)
+
+
+@dataclass
+class JobContext:
+    """What Hydra tells a job about itself (empty outside Hydra, e.g. in tests)."""
+
+    output_dir: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    job_num: int | None = None
+    sweep_dir: Path | None = None  # set in multirun mode
+
+    @classmethod
+    def from_hydra(cls) -> JobContext:
+        if not HydraConfig.initialized():
+            return cls()
+        hc = HydraConfig.get()
+        multirun = hc.mode == RunMode.MULTIRUN
+        return cls(
+            output_dir=Path(hc.runtime.output_dir),
+            overrides=list(hc.overrides.task),
+            job_num=hc.job.num if multirun else None,
+            sweep_dir=Path(hc.sweep.dir).resolve() if multirun else None,
+        )

@@ -1,0 +1,130 @@
+"""What ``ampsweep doctor`` finds and prescribes: a mode's ``Trial`` (how its training
+ended, its score against fp32's, its non-finite steps), the ``Prescription`` written for a mode
+that failed, and the ``verdict`` on a prescription's run in the verifying sweep."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ampsweep.measure.names import NONFINITE_STEPS
+from ampsweep.report.criteria import ACC_TOLERANCE, PPL_TOLERANCE
+from ampsweep.tracking import store
+
+SKIP_RATE = 0.05  # a scaler skipping more than this share of steps is not just settling
+
+
+@dataclass
+class Trial:
+    mode: str
+    overrides: list[str]  # the precision overrides it ran with
+    status: str = "finished"  # finished | diverged | failed
+    error: str = ""
+    metric: str = ""  # val/acc or val/perplexity
+    score: float | None = None
+    nonfinite: int = 0
+    steps: int = 0
+    skipped: float = 0.0
+    samples_per_s: float | None = None
+    origin: object = None  # measure.numerics.Origin
+
+    @property
+    def finite(self) -> bool:
+        return self.status == "finished" and self.nonfinite == 0
+
+    def held(self, base: Trial) -> bool:
+        """Finite (a dynamic scaler's few early skips allowed) with the score within the
+        report's tolerance of the baseline's."""
+        settling = (
+            self.steps
+            and self.skipped / self.steps <= SKIP_RATE
+            and self.nonfinite <= (self.skipped)
+        )
+        if self.status != "finished" or (self.nonfinite and not settling):
+            return False
+        if self.score is None or base.score is None:
+            return self.score is None
+        if self.metric == "val/perplexity":
+            return self.score <= base.score * (1.0 + PPL_TOLERANCE)
+        return self.score >= base.score - ACC_TOLERANCE
+
+    def result(self, base: Trial | None) -> str:
+        if self.status == "diverged":  # the error's advice is the origin, said on its own
+            return f"diverged: {self.error.split('): ', 1)[0]})"
+        if self.status != "finished":
+            return f"{self.status}: {self.error}"
+        score = "no score" if self.score is None else f"{self.metric} {self.score:.4g}"
+        if base is not None and base is not self and self.score is not None and base.score:
+            score += (
+                f" ({(self.score - base.score) * 100:+.1f} points vs fp32)"
+                if self.metric == "val/acc"
+                else f" ({(self.score / base.score - 1) * 100:+.1f}% vs fp32)"
+            )
+        bad = f", {self.nonfinite} non-finite step(s)" if self.nonfinite else ""
+        return f"{score}{bad}"
+
+
+@dataclass
+class Prescription:
+    mode: str  # the mode that failed
+    problem: str  # what went wrong, with where
+    precision: dict  # the precision section of the fix: name, keep_fp32, scaler.init_scale
+    note: str = ""  # an alternative, or a caveat
+    trial: Trial | None = None  # the prescription's own trial
+
+    @property
+    def option(self) -> str:
+        return f"doctor_{self.mode}"
+
+    @property
+    def overrides(self) -> list[str]:
+        out = [f"precision={self.precision['name']}"]
+        if self.precision.get("keep_fp32"):
+            out.append(f"precision.keep_fp32=[{','.join(self.precision['keep_fp32'])}]")
+        if "init_scale" in self.precision.get("scaler", {}):
+            out.append(
+                f"precision.scaler.init_scale={typed(self.precision['scaler']['init_scale'])}"
+            )
+        return out
+
+
+def typed(x: float) -> str:
+    """``16777216`` rather than ``1.67772e+07``: what a user would type."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
+
+
+def precision_of(overrides: list[str]) -> str:
+    for o in overrides:
+        if o.split("=", 1)[0] == "precision":
+            return o.split("=", 1)[1]
+    return ""
+
+
+def verdict(run, failing, base) -> tuple[bool, str]:
+    """Whether the prescription's run fixed the failure, in words with its speed."""
+    if run is None or run.status != store.FINISHED:
+        why = run.error if run is not None else "it did not run"
+        return False, f"NOT fixed: {why}"
+    s, b = run.summary, base.summary
+    metric = "val/perplexity" if "val/perplexity" in b else "val/acc"
+    score, ref = s.get(metric), b.get(metric)
+    nonfinite = int(s.get(NONFINITE_STEPS, 0))
+    ok_score = isinstance(score, float) and math.isfinite(score) and isinstance(ref, float)
+    if ok_score:
+        ok_score = (score <= ref * (1 + PPL_TOLERANCE) if metric == "val/perplexity"
+                    else score >= ref - ACC_TOLERANCE)  # fmt: skip
+    steps = max(1.0, float(s.get("train/steps", 1)))
+    finite = nonfinite == 0 or s.get("amp/skipped_steps", 0) / steps <= SKIP_RATE
+    speed = ""
+    rate, ref_rate = s.get("perf/samples_per_s"), b.get("perf/samples_per_s")
+    if rate and ref_rate:
+        speed = f"; {rate / ref_rate:.2f}x fp32's speed"
+        if failing is not None and failing.summary.get("perf/samples_per_s"):
+            speed += f", {rate / failing.summary['perf/samples_per_s']:.2f}x the failing mode's"
+    shown = f"{metric} {score:.4g} vs fp32 {ref:.4g}" if ok_score or score else metric
+    if finite and ok_score:
+        tol = f"within {PPL_TOLERANCE:.0%}" if metric == "val/perplexity" else (
+            f"within {ACC_TOLERANCE * 100:.1f} points")  # fmt: skip
+        return True, f"fixed: finite, {shown} ({tol}){speed}"
+    problem = f"{nonfinite} non-finite step(s)" if not finite else f"{shown}: not within fp32's"
+    return False, f"NOT fixed: {problem}{speed}"
