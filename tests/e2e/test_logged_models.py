@@ -2,7 +2,7 @@
 ``mlflow.pytorch.load_model("runs:/<id>/model")`` loads and that scores, on the run's own
 validation split, exactly what the run scored: a timm network, a Hugging Face causal LM, a
 float8 (torchao) model and a user's ``_target_`` model. (The built-in CNN, in fp32 and in a
-pure half mode, is checked by test_e2e_mlflow_native.)"""
+pure half mode, is checked by tests/e2e/test_mlflow_native.py.)"""
 
 from __future__ import annotations
 
