@@ -205,8 +205,8 @@ def _returned(t: Tracked) -> None:
         console.error(f"{t.label}: {why}")
         return
     t.returned = ret
-    if ret.status != JobStatus.COMPLETED:  # its task function raised: Hydra's sweeper says it
-        console.error(f"  {t.label}: failed")
+    if ret.status != JobStatus.COMPLETED:  # Hydra's sweeper raises its error, as in-process
+        console.console.print(f"  {t.label}: its task function raised")
         return
     value = ret.return_value
     if not isinstance(value, JobOutcome):  # another Hydra app's task function
