@@ -194,7 +194,9 @@ def test_a_job_of_another_hydra_app_comes_back_as_it_returned(tmp_path, monkeypa
     assert b.returned.status == JobStatus.FAILED and b.outcome is None
     with pytest.raises(KeyError, match="boo"):
         b.returned.return_value  # noqa: B018 - Hydra's sweeper reads it so
-    assert "#0 (SLURM job 8_0): returned" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "#0 (SLURM job 8_0): returned" in out
+    assert "#1 (SLURM job 8_1): its task function raised" in out
 
 
 def test_a_job_cancelled_before_it_started_recorded_no_run(tmp_path, monkeypatch, capsys):
