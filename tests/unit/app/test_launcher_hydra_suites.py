@@ -21,6 +21,8 @@ import inspect
 
 import pytest
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from hydra.version import VersionBase
+from packaging.version import Version
 from pytest import mark
 from slurm_fixture import slurm_cluster  # noqa: F401
 
@@ -50,6 +52,14 @@ def cases(test, *ids):
 
     only.__signature__ = inspect.signature(test)  # what pytest reads for the fixtures
     return mark.parametrize(names, kept)(only)
+
+
+@pytest.fixture(autouse=True)
+def hydras_default_version_base(hydra_restore_singletons):
+    """The suites expect Hydra's version base unset, which Hydra takes for 1.1 (each job runs
+    in its own folder), as in a new process; an earlier test's compose (version_base="1.3")
+    set it. Put back after the test with the other singletons."""
+    VersionBase.instance().setbase(Version("1.1"))
 
 
 @pytest.fixture
