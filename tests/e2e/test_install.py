@@ -1,16 +1,19 @@
-"""Packaging: the wheel carries conf/, so a non-editable install can compose and run."""
+"""Packaging: the wheel carries conf/, so a non-editable install can compose and run, and
+Hydra finds ampsweep's launchers the same way in a wheel and in an editable install."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, require_tool
 
 # One worker runs the whole module, so that its module-scoped fixture is built once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_e2e_install")]
@@ -81,3 +84,44 @@ def test_installed_wheel_composes_from_its_own_conf(wheel, tmp_path):
     )  # fmt: skip
     assert cfg.returncode == 0, cfg.stderr
     assert "name: mlp" in cfg.stdout
+
+
+# Where Hydra looks for launchers: the folders of the hydra_plugins namespace, listed by
+# pkgutil. Only the install under test is on the path (with its .pth files: an editable
+# install's), then this venv's packages for the dependencies, without its own ampsweep.
+DISCOVER = """
+import site, sys
+site.addsitedir(sys.argv[1])
+sys.path.append(sys.argv[2])
+import hydra_plugins.ampsweep_launcher as plugin
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+print(list(plugin.__path__)[0])
+print(*sorted(f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Launcher)))
+"""
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["wheel", "editable"])
+def test_hydra_finds_the_launchers_by_its_own_scan_in_a_wheel_and_an_editable_install(
+    wheel, tmp_path, editable
+):
+    found = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher")
+    require_tool("submitit", None if found else "hydra-submitit-launcher is not installed")
+    target = tmp_path / "site"
+    what = ["-e", str(wheel.parents[1] / "source")] if editable else [str(wheel)]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+         "--target", str(target), *what],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    # -I -S: no PYTHONPATH, and none of this venv's site-packages (nor its .pth files)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", DISCOVER, str(target), sysconfig.get_paths()["purelib"]],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    folder, launchers = proc.stdout.splitlines()
+    home = wheel.parents[1] / "source" / "src" if editable else target
+    assert Path(folder) == home / "hydra_plugins" / "ampsweep_launcher"
+    for name in ("LocalLauncher", "SlurmLauncher"):
+        assert f"hydra_plugins.ampsweep_launcher.submitit_launcher.{name}" in launchers.split()

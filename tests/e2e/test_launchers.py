@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from conftest import all_runs, require_tool, run_cli, start_cli
+from conftest import all_runs, callback_env, require_tool, run_cli, start_cli
 
 from ampsweep.tracking import store
 
@@ -43,6 +43,23 @@ def test_submitit_local_sweep_is_one_parent_with_two_finished_children(tmp_path,
     # each job ran in a process of its own: submitit kept one log folder per job
     logs = list(tmp_path.glob("outputs/multirun/*/*/.submitit/*/*_0_log.out"))
     assert len(logs) == 2
+
+
+@pytest.mark.slow
+def test_jobs_that_fail_in_processes_of_their_own_are_named_by_the_command(tmp_path):
+    # ampsweep_local hands each job's outcome back in its JobReturn: with nothing recorded
+    # (tracking=none) the command still knows that both jobs failed, and exits non-zero.
+    found = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher")
+    require_tool("submitit", None if found else "hydra-submitit-launcher is not installed")
+    fail = "trainer.callbacks=[{_target_: ddp_callbacks.FailAtStep, step: 2, rank: 0}]"
+    args = ["train", "-m", "hydra/launcher=ampsweep_local", *TINY, "trainer.max_steps=4",
+            "precision=fp32,bf16", "tracking=none", fail]  # fmt: skip
+    proc = run_cli(args, tmp_path, env=callback_env({"OMP_NUM_THREADS": "1"}))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert (
+        "error: 2 of 2 jobs failed: #0 fp32-mlp-digits (FAILED, not recorded); "
+        "#1 bf16-mlp-digits (FAILED, not recorded)"
+    ) in proc.stderr
 
 
 @pytest.mark.slow

@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
 # on 2 cores. Imported up front with the collector off, then frozen, no collection scans them.
 # MLflow's SQLite store is among them: the default store (a 1-step run 3.12 s with it here,
 # 3.33 s without), though runs with tracking=none or a server then import it for nothing (0.3 s).
+# torch._dynamo is private to torch, and what its optimizers import (torch 2.14.1; the public
+# torch.compiler does not import it): tests/unit/app/test_cli.py fails if it moves.
 TRAINING_COMMANDS = ("train", "reproduce", "capacity", "doctor")
 PRELOAD = (
     "torch", "torch._dynamo", "hydra", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
@@ -222,7 +224,9 @@ def run() -> None:
     """
     preload(sys.argv[1:])
     code = main()
-    threading._shutdown()  # what the interpreter calls first at exit  # noqa: SLF001
+    # Private, with no public equivalent: what the interpreter itself calls at exit (checked
+    # on CPython 3.11; tests/unit/app/test_cli.py fails if they move).
+    threading._shutdown()  # noqa: SLF001
     atexit._run_exitfuncs()  # noqa: SLF001
     try:
         sys.stdout.flush()

@@ -62,6 +62,14 @@ class TaskFunction:
     def __call__(self, node) -> JobOutcome:
         return run_job(node, JobContext.from_hydra(), self.command)
 
+    def collect(self, returns) -> None:
+        """The outcomes of jobs that ran in other processes, from the JobReturns their
+        launcher got back (a job run in this process hands its outcome over as it ends)."""
+        from hydra.core.utils import JobStatus
+
+        done = [r.return_value for r in returns if r.status == JobStatus.COMPLETED]
+        self.command.outcomes.extend(o for o in done if isinstance(o, JobOutcome))
+
 
 def default_run_name(cfg: Config) -> str:
     return f"{cfg.precision.name}-{cfg.model.name}-{cfg.dataset.name}"

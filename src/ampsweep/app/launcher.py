@@ -6,8 +6,10 @@ result (cancelled, killed at its time limit, its node lost): without accounting 
 forever, and with it the first such job raises, so the launcher stops waiting for the others
 while they still run. Here every job is waited for: its result file when it returns, and
 ``squeue`` for a job that ends without one. Such a job's MLflow run, if it was left RUNNING,
-is ended (KILLED when SLURM cancelled the job, else FAILED) with the reason, and the job's
-outcome goes back to the command, which names it. A requeued job (preempted, or signalled
+is ended (KILLED when SLURM cancelled the job, else FAILED) with the reason, and the job comes
+back to Hydra as a JobReturn whose value is a JobOutcome saying so (as one that raised outside
+its task function does): the sweep goes on, and the command names the job. A job that returned
+comes back as the JobReturn it wrote. A requeued job (preempted, or signalled
 before its time limit) is simply still running: the same job id starts again and resumes its
 run from its checkpoint.
 
@@ -36,6 +38,8 @@ QUERY_FIRST_S, QUERY_MAX_S = 2.0, 30.0  # squeue: soon after submitting, then le
 RESULT_GRACE_S = 10.0
 CANCEL_WAIT_S = 60.0  # after Ctrl-C: how long to wait for cancelled jobs to end their runs
 KILLED_STATES = {"CANCELLED", "PREEMPTED", "DEADLINE", "TIMEOUT"}
+# submitit's executor for SLURM: AutoExecutor(cluster=...) and its parameters' prefix
+CLUSTER = "slurm"
 
 
 @dataclass
@@ -48,8 +52,8 @@ class Tracked:
     state: str = "PENDING"
     starts: int = 0  # times SLURM was seen running it (a requeued job runs again)
     ended_since: float | None = None
-    outcome: JobOutcome | None = None
-    returned: Any = None  # the JobReturn, once known
+    outcome: JobOutcome | None = None  # how an ampsweep job ended (None: another app's job)
+    returned: Any = None  # the JobReturn, once known: the job is done
 
     @property
     def job_id(self) -> str:
@@ -70,8 +74,7 @@ class Tracked:
 
 
 def launch(launcher, job_overrides, initial_job_idx: int) -> list:
-    """What Hydra's ``Launcher.launch`` returns: a JobReturn per job, in order. Every job's
-    outcome is also handed to the command (its task function's context)."""
+    """What Hydra's ``Launcher.launch`` returns: a JobReturn per job, in order."""
     from hydra.core.singleton import Singleton
     from hydra.core.utils import filter_overrides
 
@@ -105,9 +108,6 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
     except KeyboardInterrupt:
         cancel_and_settle(tracked, sweep)
         raise
-    command = getattr(launcher.task_function, "command", None)
-    if command is not None:
-        command.outcomes.extend(t.outcome for t in tracked)
     return [t.returned for t in tracked]
 
 
@@ -117,7 +117,7 @@ def _executor(launcher):
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
 
-    name = launcher._EXECUTOR
+    name = CLUSTER
     params = dict(launcher.params)
     init = {"folder": params.pop("submitit_folder")}
     if "max_num_timeout" in params:
@@ -149,11 +149,11 @@ def wait(tracked: list[Tracked], sweep: SweepInfo | None, clock=time.monotonic, 
     started = clock()
     next_query = started + QUERY_FIRST_S
     while True:
-        pending = [t for t in tracked if t.outcome is None]
+        pending = [t for t in tracked if t.returned is None]
         for t in pending:
             if t.rank0.paths.result_pickle.exists():
                 _returned(t)
-        pending = [t for t in pending if t.outcome is None]
+        pending = [t for t in pending if t.returned is None]
         if not pending:
             return
         now = clock()
@@ -192,26 +192,31 @@ def _observe(t: Tracked, state: str, now: float, sweep: SweepInfo | None) -> Non
 
 
 def _returned(t: Tracked) -> None:
-    """The job wrote its result: Hydra's JobReturn from the job (its value: the JobOutcome)."""
+    """The job wrote its result: the JobReturn from the job (an ampsweep job's value: its
+    JobOutcome), or the error it raised outside its task function."""
     from hydra.core.utils import JobStatus
 
     try:
         ret = t.rank0.result()
-    except Exception as err:  # the job raised outside ampsweep's own handling
+    except Exception as err:  # e.g. its config would not compose on the node
         last = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith("-")]
         why = f"SLURM job {t.job_id} failed: {last[-1].strip() if last else type(err).__name__}"
         _settle(t, store.FAILED, why, None)
+        console.error(f"{t.label}: {why}")
         return
-    value = ret._return_value
-    if ret.status == JobStatus.COMPLETED and isinstance(value, JobOutcome):
-        t.outcome, t.returned = value, ret
-        how = value.status
-        if value.skipped:
-            how = f"skipped, the identical config FINISHED as run {value.run_id}"
-        console.console.print(f"  {t.label}: {value.name} {how}")
+    t.returned = ret
+    if ret.status != JobStatus.COMPLETED:  # Hydra's sweeper raises its error, as in-process
+        console.console.print(f"  {t.label}: its task function raised")
         return
-    why = store.one_line(value) if isinstance(value, BaseException) else "no outcome"
-    _settle(t, store.FAILED, f"SLURM job {t.job_id}: {why}", None)
+    value = ret.return_value
+    if not isinstance(value, JobOutcome):  # another Hydra app's task function
+        console.console.print(f"  {t.label}: returned")
+        return
+    t.outcome = value
+    how = value.status
+    if value.skipped:
+        how = f"skipped, the identical config FINISHED as run {value.run_id}"
+    console.console.print(f"  {t.label}: {value.name} {how}")
 
 
 def _lost(t: Tracked, sweep: SweepInfo | None) -> None:
@@ -260,7 +265,7 @@ def cancel_and_settle(
 ) -> None:
     """Cancel the jobs still queued or running, give them time to end their runs (each
     checkpoints and ends KILLED on SLURM's SIGTERM), and end the runs of those that could not."""
-    pending = [t for t in tracked if t.outcome is None]
+    pending = [t for t in tracked if t.returned is None]
     if not pending:
         return
     console.error(f"interrupted: cancelling SLURM job(s) {', '.join(t.job_id for t in pending)}")
@@ -276,15 +281,14 @@ def cancel_and_settle(
         pending = [t for t in pending if t.state not in slurm.ENDED and t.state != slurm.GONE]
         time.sleep(POLL_S)
     for t in tracked:
-        if t.outcome is None and sweep is not None:
+        if t.returned is None and sweep is not None:
             with contextlib.suppress(Exception):
                 end_lost_job(sweep, t.job_id, store.KILLED, "the sweep was interrupted")
 
 
 def register() -> None:
-    """Make ampsweep's sweeper and launchers known to Hydra. Hydra finds plugins by listing the
-    folders of the ``hydra_plugins`` namespace, which an editable install does not expose
-    (importing works); a wheel install is found both ways."""
+    """Make ampsweep's sweeper known to Hydra. (Its launchers Hydra finds itself, by listing
+    the folders of the ``hydra_plugins`` namespace, in an editable install as in a wheel's.)"""
     from hydra.core.plugins import Plugins
 
     # Hydra's first scan for plugins executes its own plugin modules again (BasicSweeper is
@@ -294,10 +298,3 @@ def register() -> None:
     from hydra_plugins.ampsweep_launcher import sweeper
 
     plugins.register(sweeper.AmpsweepSweeper)
-    try:
-        from hydra_plugins.ampsweep_launcher import submitit_launcher
-    except ImportError:
-        return
-    cls = getattr(submitit_launcher, "SlurmLauncher", None)
-    if cls is not None:  # None: the cluster extra is not installed
-        plugins.register(cls)

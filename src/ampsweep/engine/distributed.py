@@ -119,7 +119,7 @@ def gradient_sync(model, sync: bool):
     all-reducing its gradients (``no_sync``: they accumulate locally until a micro-batch with
     ``sync=True``). Nothing changes for a model without DDP (one process, or FSDP, whose
     reduce-scatter on every micro-batch is what keeps the gradients sharded)."""
-    ddp = getattr(model, "_orig_mod", model)  # DDP under torch.compile's wrapper
+    ddp = uncompiled(model)  # DDP under torch.compile's wrapper
     if sync or not isinstance(ddp, _ddp_class()):
         return contextlib.nullcontext()
     return ddp.no_sync()  # DDP decides in forward whether backward syncs: wrap both
@@ -133,9 +133,16 @@ def _ddp_class():
 
 def unwrap(model):
     """The plain module under torch.compile and DDP (for evaluation and checkpoints)."""
-    model = getattr(model, "_orig_mod", model)
+    model = uncompiled(model)
     if hasattr(model, "no_sync") and hasattr(model, "module"):
         model = model.module
+    return uncompiled(model)
+
+
+def uncompiled(model):
+    """The module under torch.compile's wrapper (the model itself when not compiled).
+    Private: the wrapper keeps it in ``_orig_mod``, with no public accessor (checked on torch
+    2.14.1; tests/unit/engine/test_distributed.py fails if it moves)."""
     return getattr(model, "_orig_mod", model)
 
 

@@ -270,7 +270,8 @@ def _nonfinite(view, grads: list[torch.Tensor]) -> torch.Tensor:
     """Whether this step's loss or gradients held inf/NaN, as a 0-dim bool tensor. Each
     finite step pays this, so it is a handful of kernels: with a scaler, its own inf check;
     without, one norm per gradient (``torch._foreach_norm``, the kernel behind the public
-    ``torch.nn.utils.get_total_norm``, which costs twice as much here: checked on torch 2.14)
+    ``torch.nn.utils.get_total_norm``, which costs twice as much here: checked on torch 2.14.1;
+    tests/unit/measure/test_numerics.py fails if it moves)
     summed with the loss, which is non-finite if any of them is (or overflows)."""
     losses = view.losses
     loss = losses[0].detach() if len(losses) == 1 else torch.stack([x.detach() for x in losses])

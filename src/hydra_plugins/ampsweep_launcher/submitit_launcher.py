@@ -1,24 +1,22 @@
-"""ampsweep's SLURM launcher for Hydra (``hydra/launcher=ampsweep_slurm``).
+"""ampsweep's launchers, where Hydra looks for them: ``hydra/launcher=ampsweep_local`` and
+``ampsweep_slurm`` (conf/hydra/launcher/*.yaml name these classes as their ``_target_``).
 
-Hydra's submitit launcher with ampsweep's way of waiting for the jobs (see
-``ampsweep.app.launcher``). It lives here because Hydra accepts launchers only from the
-``hydra_plugins`` namespace; Hydra imports every module here at start-up, so this one stays
-small and tolerates the cluster extra (hydra-submitit-launcher) not being installed.
+The launchers are ``ampsweep.app.hydra_launchers``'; this module only names them. Hydra
+accepts a launcher only from the ``hydra_plugins`` namespace and knows each class by the
+module that defines it, so each name here is a subclass with nothing of its own. Hydra imports
+every module here at start-up: without the cluster extra (hydra-submitit-launcher) this one
+names nothing, and imports cleanly.
 """
 
 from __future__ import annotations
 
-try:
-    from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
-except ImportError:  # pip install 'ampsweep[cluster]' brings it
-    _submitit = None
+import importlib.util
 
-if _submitit is not None:
+if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
+    from ampsweep.app import hydra_launchers as _launchers
 
-    class SlurmLauncher(_submitit.SlurmLauncher):
-        """Each job of a sweep is a SLURM job; every job is waited for, whatever happens."""
+    class LocalLauncher(_launchers.LocalLauncher):
+        __doc__ = _launchers.LocalLauncher.__doc__
 
-        def launch(self, job_overrides, initial_job_idx):
-            from ampsweep.app.launcher import launch
-
-            return launch(self, job_overrides, initial_job_idx)
+    class SlurmLauncher(_launchers.SlurmLauncher):
+        __doc__ = _launchers.SlurmLauncher.__doc__

@@ -119,3 +119,17 @@ def test_a_training_command_imports_its_modules_first_and_freezes_them():
         assert gc.get_freeze_count() > 100_000  # torch, MLflow, Hydra: no collection scans them
     finally:
         gc.freeze()
+
+
+def test_the_interpreters_exit_steps_that_run_calls_are_still_there():
+    # run() calls what CPython calls at exit (private to threading and atexit, 3.11)
+    import atexit
+    import threading
+
+    assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)  # noqa: SLF001
+
+
+def test_every_module_preload_imports_is_still_there():
+    import importlib.util
+
+    assert all(importlib.util.find_spec(name) for name in cli.PRELOAD)  # torch._dynamo too

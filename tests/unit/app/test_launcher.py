@@ -33,14 +33,14 @@ class FakeJob:
     def task(self, i):
         return self
 
-    def finish(self, outcome: JobOutcome) -> None:
-        self.paths.result_pickle.write_bytes(pickle.dumps(outcome))
+    def finish(self, value, status=JobStatus.COMPLETED) -> None:
+        """What submitit's job writes: the JobReturn of Hydra's run_job."""
+        ret = JobReturn(status=status)
+        ret.return_value = value
+        self.paths.result_pickle.write_bytes(pickle.dumps(ret))
 
     def result(self):
-        outcome = pickle.loads(self.paths.result_pickle.read_bytes())
-        ret = JobReturn(status=JobStatus.COMPLETED)
-        ret.return_value = outcome
-        return ret
+        return pickle.loads(self.paths.result_pickle.read_bytes())
 
 
 class Script:
@@ -181,6 +181,24 @@ def test_a_job_gone_from_the_queue_fails_and_a_silent_controller_is_asked_again(
     assert capsys.readouterr().err.count("could not ask SLURM about the sweep's jobs") == 3
 
 
+def test_a_job_of_another_hydra_app_comes_back_as_it_returned(tmp_path, monkeypatch, capsys):
+    # The launcher runs any Hydra app's task function: its JobReturn goes back to Hydra as the
+    # job wrote it (a failed one's error is Hydra's sweeper's to raise), with no outcome.
+    a, b = _track(tmp_path, "8_0", "8_1")
+    a.job.finish(100)
+    b.job.finish(KeyError("boo"), JobStatus.FAILED)
+    script = Script(lambda j, now: "COMPLETED")
+    monkeypatch.setattr(slurm, "job_states", script.job_states)
+    launcher.wait([a, b], None, script.clock, script.sleep)
+    assert a.returned.return_value == 100 and a.outcome is None
+    assert b.returned.status == JobStatus.FAILED and b.outcome is None
+    with pytest.raises(KeyError, match="boo"):
+        b.returned.return_value  # noqa: B018 - Hydra's sweeper reads it so
+    out = capsys.readouterr().out
+    assert "#0 (SLURM job 8_0): returned" in out
+    assert "#1 (SLURM job 8_1): its task function raised" in out
+
+
 def test_a_job_cancelled_before_it_started_recorded_no_run(tmp_path, monkeypatch, capsys):
     (t,) = _track(tmp_path, "9_0")
     script = Script(lambda j, now: "CANCELLED")
@@ -211,7 +229,7 @@ sys.exit(cli.main(["train", "-m", "precision=fp32,bf16", *sys.argv[1:]]))
 def test_a_sweep_after_train_help_in_one_process_starts_its_sweeper(tmp_path):
     # A new process, where Hydra has not scanned for plugins yet: `train --help` is the first
     # to register ampsweep's sweeper (the scan runs Hydra's own plugin modules again). As
-    # installed (editable: Hydra's scan does not see ampsweep's plugins), not from PYTHONPATH.
+    # installed, not from PYTHONPATH.
     env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
     args = ["model=mlp", "trainer.max_steps=2", "trainer.epochs=1", "tracking=none"]
     proc = subprocess.run([sys.executable, "-c", HELP_THEN_SWEEP, *args], cwd=tmp_path,

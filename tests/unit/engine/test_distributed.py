@@ -36,3 +36,11 @@ def test_reductions_are_no_ops_in_a_single_process():
     assert distributed.all_reduce(t) is t and t.item() == 3.0
     assert distributed.reduce_floats({"a": 1.5}, "sum", torch.device("cpu")) == {"a": 1.5}
     assert distributed.current() == distributed.Rank()
+
+
+def test_the_module_under_torch_compiles_wrapper_is_found():
+    # torch.compile's wrapper keeps the module in a private attribute (torch 2.14.1);
+    # compiling happens at the first call, so wrapping alone is cheap
+    model = torch.nn.Linear(2, 2)
+    assert distributed.uncompiled(torch.compile(model)) is model
+    assert distributed.uncompiled(model) is model

@@ -189,3 +189,21 @@ def test_a_rank_of_n_is_predicted_to_hold_one_nth_and_its_largest_gathered_block
     fsdp = replace(cfg.trainer.fsdp, reshard_after_forward=False)
     kept = replace(cfg, trainer=replace(cfg.trainer, fsdp=fsdp))
     assert sharded.predicted_held(gpt, optimizer, kept)["gathered_bf16"] == 2 * (2 * block + root)
+
+
+def test_every_torch_norm_that_can_keep_running_statistics_is_its_own_fp32_unit():
+    import inspect
+
+    keeping = [
+        cls for name in dir(nn) if not name.startswith("Lazy")
+        and isinstance(cls := getattr(nn, name), type) and issubclass(cls, nn.Module)
+        and "track_running_stats" in inspect.signature(cls).parameters
+    ]  # fmt: skip
+    assert keeping and set(keeping) == set(sharded.RUNNING_STATS_NORMS)
+
+
+def test_hugging_face_models_still_name_their_blocks_where_units_reads_them():
+    # units() reads Transformers' _no_split_modules (transformers 5.24.0)
+    transformers = pytest.importorskip("transformers")
+    assert hasattr(transformers.PreTrainedModel, "_no_split_modules")
+    assert "GPT2Block" in transformers.GPT2LMHeadModel._no_split_modules

@@ -59,3 +59,11 @@ def test_a_resumed_run_continues_its_count():
     watch.observe(torch.tensor(float("nan")), torch.tensor(0.0), off)
     with pytest.raises(Diverged):
         watch.check(7)
+
+
+def test_gradscaler_still_keeps_its_scale_as_a_tensor_on_the_device():
+    # NonfiniteWatch reads GradScaler's private scale tensor, without a sync (torch 2.14.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    scaler.scale(torch.ones(()))
+    assert isinstance(scaler._scale, torch.Tensor)  # noqa: SLF001
+    assert scaler._scale.item() == scaler.get_scale() == 8.0  # noqa: SLF001

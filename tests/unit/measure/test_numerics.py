@@ -150,3 +150,10 @@ def test_locating_can_be_turned_off(on_path):
     res = api.train(example("model=flaky_net", "precision=bf16", "tracking=none",
                             "diagnostics.locate_nonfinite=false"))  # fmt: skip
     assert res.summary["numerics/nonfinite_steps"] == 0  # nothing read, nothing counted
+
+
+def test_torch_still_has_the_fused_norm_the_nonfinite_check_uses():
+    # measure.numerics._nonfinite: torch's private multi-tensor norm (torch 2.14.1)
+    grads = [torch.tensor([3.0, 4.0]), torch.tensor([float("inf")])]
+    norms = torch._foreach_norm(grads)  # noqa: SLF001
+    assert norms[0].item() == 5.0 and norms[1].isinf()

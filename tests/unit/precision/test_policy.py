@@ -238,3 +238,15 @@ def test_bf16_refused_on_a_gpu_without_it(monkeypatch):
         assert "precision=fp16" in message
     # ... and auto picks the scaled fp16 mode there.
     assert policy_for("precision=auto", device=cuda).mode == MODES["fp16"]
+
+
+def test_gradscaler_still_keeps_its_inf_checks_per_optimizer():
+    # found_inf reads GradScaler's private record of unscale_'s checks (torch 2.14.1)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
+    scaler.scale(model(torch.full((1, 2), float("inf"))).sum()).backward()
+    scaler.unscale_(opt)
+    per_device = scaler._found_inf_per_device(opt)  # noqa: SLF001
+    assert {d.type for d in per_device} == {"cpu"}
+    assert sum(v.item() for v in per_device.values()) == 1.0
