@@ -20,11 +20,13 @@ import shutil
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 from ampsweep.app import console, estimate, slurm
+from ampsweep.app.plan import PlannedJob, plan_job
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, OnStoreFailure, Tracker
 from ampsweep.engine import distributed
@@ -63,6 +65,16 @@ class CommandContext:
     outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
     closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
     plan: list[str] = field(default_factory=list)  # a sweep's modes by job number (estimates)
+    # Each job as the command planned it, by job number (None: a single run), and the check
+    # of each batch of a sweep's composed jobs (``app.plan.SweepChecks``)
+    planned: dict[int | None, PlannedJob] = field(default_factory=dict)
+    check_batch: Callable[[list], None] | None = None
+
+    def __getstate__(self) -> dict:
+        """The copy a launcher sends to jobs in other processes: without this process's plan
+        and checks (such a job plans itself from the config it is given: precision=auto
+        depends on the machine it runs on)."""
+        return {**self.__dict__, "planned": {}, "check_batch": None}
 
 
 @dataclass
@@ -99,8 +111,16 @@ class TaskFunction:
         self.command = command
         self.__module__ = __name__  # hydra.main reads it to find the calling module
 
+    def check_batch(self, nodes: list) -> None:
+        """ampsweep's sweeper (and launcher) hand each batch of composed jobs here before
+        launching it: the command checks and plans them, or refuses the sweep."""
+        if self.command.check_batch is not None:
+            self.command.check_batch(nodes)
+
     def __call__(self, node) -> JobOutcome:
-        return run_job(node, JobContext.from_hydra(), self.command)
+        ctx = JobContext.from_hydra()
+        planned = self.command.planned.pop(ctx.job_num, None)  # None: planned elsewhere
+        return run_job(planned or node, ctx, self.command)
 
 
 class StopRequest:
@@ -188,21 +208,9 @@ def default_run_name(cfg: Config) -> str:
     return f"{cfg.precision.name}-{cfg.model.name}-{cfg.dataset.name}"
 
 
-def expected_run_name(cfg: Config) -> str:
-    """The name a job's run will get, with the precision resolved for this machine (so a
-    sweep can tell up front which names repeat)."""
-    if cfg.tracking.run_name:
-        return cfg.tracking.run_name
-    from ampsweep.engine.build import resolve
-
-    try:
-        return default_run_name(resolve(cfg))
-    except ConfigError:  # the job itself will report it
-        return default_run_name(cfg)
-
-
 def run_job(node, ctx: JobContext | None = None, command: CommandContext | None = None):
-    """Run one job from a composed config node (or a Config); under DDP, this rank's part."""
+    """Run one job from its plan (a PlannedJob), or from a composed config node or a Config,
+    which it plans itself; under DDP, this rank's part."""
     ctx, command = ctx or JobContext(), command or CommandContext()
     distributed.export_submitit_env()  # a submitit task array: one task per rank
     rank = distributed.from_env()
@@ -309,12 +317,12 @@ class Job:
                 return self._skip(twin)
         setup = None
         if not refusal:
-            from ampsweep.engine.build import build, select_device
+            from ampsweep.engine.build import build_planned, select_device
 
             if self.rank.enabled:
                 distributed.init(self.rank, select_device(cfg.trainer.device).type)
             try:
-                setup = self.setup = build(cfg)
+                setup = self.setup = build_planned(cfg)
             except ConfigError as err:
                 refusal = err
         if refusal and not (self.tracked and self.sweep):
@@ -329,9 +337,11 @@ class Job:
     def plan(self) -> tuple[Config, ConfigError | None]:
         """The config as it will run here, the run's name, and whether it is recorded. A
         config this hardware refuses is returned with the refusal."""
-        from ampsweep.engine.build import resolve
-
-        cfg = self.node if isinstance(self.node, Config) else to_config(self.node)
+        planned = self.node if isinstance(self.node, PlannedJob) else None
+        if planned is None:  # planned here, once: a job in its own process, a test
+            cfg = self.node if isinstance(self.node, Config) else to_config(self.node)
+            planned = plan_job(cfg)
+        cfg = planned.cfg
         self.name = mask_text(cfg.tracking.run_name or default_run_name(cfg))
         # Only rank 0 records: one training across N processes is one MLflow run.
         self.tracked = cfg.tracking.backend == Tracker.mlflow and self.rank.is_main
@@ -340,11 +350,7 @@ class Job:
             store.check(self.uri)
         if self.rank.enabled:  # record the processes that actually ran
             cfg = replace(cfg, trainer=replace(cfg.trainer, nproc=self.rank.world_size))
-        refusal = None
-        try:
-            cfg = resolve(cfg)
-        except ConfigError as err:
-            refusal = err
+        refusal = planned.refusal
         name = cfg.tracking.run_name or default_run_name(cfg)
         if self.sweep and not cfg.tracking.run_name:
             name = self.sweep.run_name(name, self.ctx.job_num)

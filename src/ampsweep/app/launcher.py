@@ -293,7 +293,8 @@ def register() -> None:
     plugins = Plugins.instance()
     from hydra_plugins.ampsweep_launcher import sweeper
 
-    plugins.register(sweeper.AmpsweepSweeper)
+    for cls in (sweeper.AmpsweepSweeper, sweeper.AmpsweepLauncher):
+        plugins.register(cls)
     try:
         from hydra_plugins.ampsweep_launcher import submitit_launcher
     except ImportError:

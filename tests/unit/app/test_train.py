@@ -108,13 +108,16 @@ def test_a_callback_from_the_config_sees_every_step(tmp_path, store_uri, quick, 
     assert with_hook.data.tags[store.CONFIG_HASH] == without.data.tags[store.CONFIG_HASH]
 
 
-def test_split_train_args():
-    overrides, flags, bare = train_cmd.split_train_args(
-        ["-m", "precision=fp32,fp16", "--config-name", "other", "-cp=/x", "model=mlp"]
+def test_the_command_line_is_read_by_hydras_own_parser(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    parsed = train_cmd.hydra_args(
+        ["-m", "precision=fp32,fp16", "--config-name", "other", "-cp=conf", "model.args.x=1"]
     )
-    assert overrides == ["precision=fp32,fp16", "model=mlp"]
-    assert flags == {"--config-name": "other", "-cp": "/x"}
-    assert bare == {"-m"}
+    assert parsed.multirun and parsed.config_name == "other"
+    assert parsed.config_path == str(tmp_path / "conf")  # absolute: Hydra reads it so
+    assert parsed.overrides == ["precision=fp32,fp16", "++model.args.x=1"]
+    assert train_cmd.informational(train_cmd.hydra_args(["--cfg", "job"]))
+    assert not train_cmd.informational(parsed)
 
 
 @pytest.mark.parametrize(
@@ -214,23 +217,32 @@ def test_a_failing_job_fails_its_child_and_the_parent_not_the_sweep(store_uri, q
 def test_hydra_composes_each_job_once_to_run_it_after_ampsweeps_check(
     store_uri, quick, main, monkeypatch, sweeper, compositions
 ):
-    """ampsweep composes and checks every job before Hydra starts; its sweeper (the default)
-    leaves out Hydra's second composition of each job, which hydra/sweeper=basic still makes."""
+    """Every composition of a sweep is counted, ampsweep's own and Hydra's: the sweep's own
+    config once (Hydra's multirun), then each job once with ampsweep's sweeper (the default),
+    which hands it to ampsweep's checks and then to the launcher as it is. Hydra's basic
+    sweeper composes each job once more, to check its batch."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
+    from ampsweep.config import compose
+
     composed: list[list[str]] = []
-    original = ConfigLoaderImpl.load_sweep_config
+    load, ours = ConfigLoaderImpl.load_configuration, compose.compose
 
-    def counting(self, master_config, sweep_overrides):
-        composed.append(list(sweep_overrides))
-        return original(self, master_config, sweep_overrides)
+    def counting(self, config_name, overrides, run_mode, *args, **kwargs):
+        composed.append(list(overrides))
+        return load(self, config_name, overrides, run_mode, *args, **kwargs)
 
-    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counting)
+    def ampsweeps(*args, **kwargs):
+        composed.append(["ampsweep.config.compose"])
+        return ours(*args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counting)
+    monkeypatch.setattr(compose, "compose", ampsweeps)
     args = ["precision=fp32,bf16", f"hydra/sweeper={sweeper}", f"tracking.uri={store_uri}"]
     result = main("train", "-m", *args, *quick, "model=mlp")
     assert result.code == 0, result.err
-    assert len(composed) == 2 * compositions
-    assert {o for job in composed for o in job if o.startswith("precision=")} == {
+    assert len(composed) == 1 + 2 * compositions, composed  # the sweep's, then each job's
+    assert {o for job in composed[1:] for o in job if o.startswith("precision=")} == {
         "precision=fp32",
         "precision=bf16",
     }
