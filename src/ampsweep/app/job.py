@@ -55,6 +55,14 @@ class JobOutcome:
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
 
+    def __float__(self) -> float:
+        """The objective a searching sweeper (hydra/sweeper=optuna, direction minimize)
+        takes from a job: its final validation loss. A job without one failed the trial."""
+        loss = self.summary.get("val/loss") if self.status == store.FINISHED else None
+        if loss is None:
+            raise ValueError(f"{self.name} ended {self.status}: {self.error or 'no val/loss'}")
+        return float(loss)
+
 
 @dataclass
 class CommandContext:

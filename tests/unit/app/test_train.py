@@ -260,3 +260,46 @@ def test_a_sweep_dir_given_on_the_command_line_is_used(tmp_path, store_uri, quic
     made = {p.name for p in (tmp_path / "sweeps" / "mine").iterdir()}
     assert {"0", "1", "multirun.yaml", "ampsweep_sweep.json"} <= made, made
     assert not (tmp_path / "outputs" / "multirun").exists()
+
+
+# ---------------------------------------------------------------- Hydra's sweep grammar
+
+
+def test_a_glob_sweep_with_exclude_runs_the_modes_it_picks(store_uri, quick, main):
+    pick = "precision=glob(*,exclude=[tf32,fp8*,auto,fp16*,bf16_pure])"
+    result = main("train", "-m", pick, f"tracking.uri={store_uri}", *quick, "model=mlp")
+    assert result.code == 0, result.err
+    runs = all_runs(store_uri)
+    (parent,) = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
+    kids = [r for r in runs if r.data.tags.get(store.PARENT) == parent.info.run_id]
+    assert sorted(k.data.tags[store.PRECISION] for k in kids) == ["bf16", "fp32"]
+    assert parent.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["precision=glob("], "precision=glob(: cannot parse this override"),
+        (["trainer.seed=range(a)"], "trainer.seed=range(a): cannot parse this override"),
+        (["hydra/sweeper=nope"], "hydra/sweeper=nope: no such sweeper: choose one of basic, "),
+        (["hydra/launcher=nope"], "hydra/launcher=nope: no such launcher: choose one of basic"),
+    ],
+    ids=["glob-unclosed", "range-of-a-word", "sweeper", "launcher"],
+)
+def test_a_malformed_sweep_is_one_line(args, line, store_uri, main):
+    result = main("train", "-m", *args, f"tracking.uri={store_uri}")
+    check_one_line_error(result.code, result.out, result.err, line)
+    assert "range(0,3)" in result.err or "choose one of" in result.err  # the fix
+    assert all_runs(store_uri) == []
+
+
+def test_every_problem_of_a_sweep_is_said_before_its_parent_exists(store_uri, main):
+    args = ["trainer.batch_size=32,0", "optimizer.lr=-1,0.1", "precision=fp32,bf16"]
+    result = main("train", "-m", *args, f"tracking.uri={store_uri}")
+    assert result.code == 2, result.err
+    lines = result.err.strip().splitlines()
+    assert all(ln.startswith("error: ") for ln in lines) and len(lines) == len(set(lines))
+    assert any("trainer.batch_size=0 must be > 0" in ln for ln in lines)
+    assert any("optimizer.lr=-1.0 must be > 0" in ln for ln in lines)
+    assert "Traceback" not in result.out + result.err
+    assert all_runs(store_uri) == []  # no parent run, no child
