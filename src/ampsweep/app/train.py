@@ -54,6 +54,9 @@ Train one configuration (or, with -m, sweep every combination) and record each r
   ampsweep train precision=fp16 trainer.epochs=3      # one run
   ampsweep train -m precision=fp32,fp16,bf16          # a sweep: one parent run, a child per job
   ampsweep train -m experiment=precision_sweep        # the ready CPU sweep
+  ampsweep train -m 'precision=glob(*,exclude=[fp8*,tf32,auto])'   # Hydra's sweep grammar
+  ampsweep train -m hydra/sweeper=optuna 'precision=choice(fp32,bf16)' \\
+      'optimizer.lr=interval(1e-4,1e-2)' hydra.sweeper.n_trials=20   # a search (ampsweep[optuna])
   ampsweep train -m experiment=precision_sweep_lm     # the same for a small GPT on text
   ampsweep train --config-dir ./conf model=my_net dataset=my_data   # your own config folder
   ampsweep train -m experiment=precision_sweep sweep.repeats=3   # 3 seeds each: intervals

@@ -248,7 +248,8 @@ def preflight(configs: list[Config]) -> None:
     built: an fp8 mode this machine or installation cannot run (an fp8 mode's refusal is the
     command's mistake, fixed by a flag or an install, not one job's hardware), a model with
     no Linear layer fp8 can take, or a ``precision.keep_fp32`` pattern that names no module.
-    The model is built on the meta device: no memory, no compute.
+    The model is built on the meta device: no memory, no compute. ``configs``: with their
+    components resolved (``components.resolve``, as a command's plan has them).
     Raises ConfigError."""
     from ampsweep.precision import modes
 
@@ -257,7 +258,6 @@ def preflight(configs: list[Config]) -> None:
         mode = modes.get(cfg.precision.name)
         if mode is None or not (mode.fp8 or cfg.precision.keep_fp32):
             continue
-        cfg = components.resolve(cfg)
         policy = build_policy(cfg.precision, select_device(cfg.trainer.device))
         key = repr(cfg.dataset)
         if key not in samples_of:
