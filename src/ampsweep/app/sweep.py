@@ -16,6 +16,8 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.app.job import default_run_name
 from ampsweep.config.schema import Config, Tracker
+from ampsweep.report import render
+from ampsweep.report.sweeps import build_report, publish
 from ampsweep.tracking import store
 from ampsweep.tracking import sweep as sweeps
 from ampsweep.tracking.sweep import SweepInfo, SweepResult
@@ -78,9 +80,6 @@ def finish(info: SweepInfo, interrupted: bool) -> SweepResult:
 def publish_report(info: SweepInfo) -> None:
     """Print the comparison report and log it (files, charts, headline metrics) to the parent.
     A report problem is reported, never allowed to change how the sweep ended."""
-    from ampsweep.report import render
-    from ampsweep.report.sweeps import build_report, publish
-
     try:
         client = store.client_for(info.uri)
         rep = build_report(client, info.parent_run_id)

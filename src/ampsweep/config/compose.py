@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.util
 import re
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
@@ -24,6 +25,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+import ampsweep.conf
 from ampsweep.config import messages
 from ampsweep.config.schema import (
     COMPONENT_META,
@@ -46,8 +52,6 @@ def config_dir() -> Path:
     checkout = Path(__file__).resolve().parents[3] / "conf"
     if (checkout / f"{CONFIG_NAME}.yaml").is_file():
         return checkout
-    import ampsweep.conf
-
     for entry in ampsweep.conf.__path__:
         if (Path(entry) / f"{CONFIG_NAME}.yaml").is_file():
             return Path(entry).resolve()
@@ -79,8 +83,6 @@ def search_folders(search: Sequence[str]) -> list[Path]:
         if scheme in ("", "file"):
             out.append(Path(rest))
         elif scheme == "pkg":
-            import importlib.util
-
             try:
                 spec = importlib.util.find_spec(rest.replace("/", "."))
             except (ImportError, ValueError):
@@ -106,8 +108,6 @@ def saved_config_overrides(conf: Path, config_name: str, given: Sequence[str]) -
     groups and sweeper), its logging, and its run and sweep dirs. Without them Hydra would use
     its own defaults (a run dir under outputs/<date>/<time>/ with a job log file, a logging
     handler on the console). None for any other primary config, or those ``given`` already."""
-    from omegaconf import OmegaConf
-
     path = Path(conf) / f"{config_name}.yaml"
     ours = config_dir() / f"{CONFIG_NAME}.yaml"
     if not path.is_file() or path.resolve() == ours.resolve():
@@ -159,9 +159,6 @@ def compose(
     """Compose a config with Hydra's compose API; raise ConfigError with one line on failure.
     ``search``: more config folders (Hydra search path entries, e.g. the user's --config-dir),
     whose group files sit beside ampsweep's."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     register_configs()
     conf = Path(conf or config_dir()).resolve()
     search = [*search, *searchpath_of(overrides)]
@@ -208,8 +205,6 @@ def _keys_beside(
 def to_config(cfg) -> Config:
     """The typed Config of a composed one; range and cross-field checks of the shared keys
     run here (one message listing every problem)."""
-    from omegaconf import OmegaConf
-
     try:
         if OmegaConf.get_type(cfg) is not Schema:
             # A saved config without the schema in its defaults (a run's .hydra/config.yaml,
@@ -236,7 +231,6 @@ def _refuse_unknown_keys(cfg) -> None:
     """A key added with ``+`` to a typed section (``+trainer.epochz=3``) or to the root is
     kept by Hydra and would be silently ignored: refuse it, naming the keys that exist. (The
     component sections are open: their keys are checked against the builder they name.)"""
-    from omegaconf import DictConfig
 
     def walk(node, cls: type, prefix: str) -> None:
         known = {f.name: f for f in fields(cls)}
@@ -270,8 +264,6 @@ def _refuse_unknown_keys(cfg) -> None:
 def _component(section: str, node) -> Any:
     """A component section as its typed config: the shared keys typed, ``_target_`` (and
     ``_partial_``) kept apart, the rest as ``args``."""
-    from omegaconf import OmegaConf
-
     cls = COMPONENTS[section]
     raw = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     own = {f.name for f in fields(cls)}
@@ -332,8 +324,6 @@ def load(
 
 def _strip_hydra(cfg):
     """The config without Hydra's own node (keeping the typed root)."""
-    from omegaconf import open_dict
-
     if "hydra" in cfg:
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
@@ -345,8 +335,6 @@ def as_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain nested data, as a user writes it: Enums by name, and each
     component's ``args`` beside its shared keys (``model.width``, not ``model.args.width``),
     with its ``_target_`` (and ``_partial_``) when it names a callable."""
-    from omegaconf import OmegaConf
-
     out = {}
     for f in fields(Config):
         value = getattr(cfg, f.name)
@@ -390,6 +378,4 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
 
 
 def to_yaml(cfg: Config) -> str:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_yaml(OmegaConf.create(as_dict(cfg)))
