@@ -199,7 +199,7 @@ def preload(argv: list[str]) -> None:
     """Import what a training command needs with the garbage collector off, then freeze it."""
     if not argv or argv[0] not in TRAINING_COMMANDS or "--usage" in argv:
         return
-    from ampsweep.app.train import hydra_args, informational
+    from ampsweep.app.hydra_app import hydra_args, informational
 
     if argv[0] == "train" and informational(hydra_args(argv[1:])):
         return  # printing the config or a help trains nothing

@@ -9,7 +9,6 @@ import json
 import pytest
 from conftest import all_runs, free_port
 
-from ampsweep.app import train as train_cmd
 from ampsweep.tracking import store
 
 # (overrides, the key=value the one line must name); {tmp} is the test's temporary folder.
@@ -106,18 +105,6 @@ def test_a_callback_from_the_config_sees_every_step(tmp_path, store_uri, quick, 
     assert recorded == str([{"_target_": "callbacks.RecordSteps", "path": str(steps)}])
     assert without.data.params["trainer.callbacks"] == "[]"
     assert with_hook.data.tags[store.CONFIG_HASH] == without.data.tags[store.CONFIG_HASH]
-
-
-def test_the_command_line_is_read_by_hydras_own_parser(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    parsed = train_cmd.hydra_args(
-        ["-m", "precision=fp32,fp16", "--config-name", "other", "-cp=conf", "model.args.x=1"]
-    )
-    assert parsed.multirun and parsed.config_name == "other"
-    assert parsed.config_path == str(tmp_path / "conf")  # absolute: Hydra reads it so
-    assert parsed.overrides == ["precision=fp32,fp16", "++model.args.x=1"]
-    assert train_cmd.informational(train_cmd.hydra_args(["--cfg", "job"]))
-    assert not train_cmd.informational(parsed)
 
 
 @pytest.mark.parametrize(
