@@ -196,7 +196,7 @@ PHASES = [
     ("ampsweep.tracking.store", "client_for"),
     ("mlflow.store.tracking.sqlalchemy_store", "SqlAlchemyStore.__init__"),
     ("ampsweep.app.train", "run_hydra"), ("ampsweep.app.job", "Job.plan"),
-    ("ampsweep.engine.build", "build"), ("ampsweep.app.job", "Job.open"),
+    ("ampsweep.engine.build", "build_planned"), ("ampsweep.app.job", "Job.open"),
     ("ampsweep.app.job", "Job._tags"), ("ampsweep.tracking.recorder", "MlflowRecorder.start"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_params"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_text"),

@@ -273,6 +273,24 @@ def quick() -> list[str]:
     return list(QUICK)
 
 
+def sweep_jobs(*args: str) -> tuple[int, list]:
+    """What ``ampsweep train -m ARGS`` would run, stopped before the first job: Hydra's
+    sweeper (ampsweep's, or the one ARGS names) composes the jobs and hands each batch to the
+    command's checks, here one that types them and stops the sweep. The exit code (2 when
+    Hydra or the sweeper refused the command) and the typed jobs, in their order."""
+    from ampsweep.app import hydra_app, plan
+    from ampsweep.app.job import CommandContext
+
+    jobs: list = []
+
+    def stop(nodes) -> None:
+        jobs.extend(plan.typed(n) for n in nodes)
+        raise plan.Refused(0)
+
+    command = CommandContext(check_batch=stop)
+    return hydra_app.run_hydra(hydra_app.hydra_args(["-m", *args]), command), jobs
+
+
 def resumable(checkpoint_dir: Path, *extra: str) -> list[str]:
     """Overrides for a small, deterministic run that writes its checkpoints under
     ``checkpoint_dir`` (its tracking is the caller's choice)."""

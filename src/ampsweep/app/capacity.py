@@ -71,7 +71,8 @@ def plan(overrides: list[str], budget: int | None = None) -> list[Config]:
     """Every configuration of the command, validated. Raises ConfigError (before anything is
     built or recorded). Without a CUDA GPU only the prediction can be made, for a given
     ``budget``: out of memory on a CPU is not an error a search can catch."""
-    from ampsweep.config.compose import expand_sweep, is_hydra_override, load
+    from ampsweep.config.compose import load
+    from ampsweep.config.sweeps import expand_sweep, is_hydra_override
     from ampsweep.engine import components
     from ampsweep.engine.build import preflight, select_device
 

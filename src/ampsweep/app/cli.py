@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         from ampsweep.app.train import cmd_train
 
         return cmd_train(argv[1:])
+    if argv[0].split("=")[0] in ("-sc", "--shell-completion"):
+        # What the shell completion `ampsweep train -sc install=bash` installed calls back:
+        # `ampsweep -sc query=bash`, with the line typed so far in COMP_LINE
+        from ampsweep.app.train import cmd_train
+
+        return cmd_train(argv)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -195,10 +201,10 @@ def preload(argv: list[str]) -> None:
     """Import what a training command needs with the garbage collector off, then freeze it."""
     if not argv or argv[0] not in TRAINING_COMMANDS or "--usage" in argv:
         return
-    from ampsweep.config.compose import HYDRA_INFO_FLAGS
+    from ampsweep.app.hydra_app import hydra_args, informational
 
-    if HYDRA_INFO_FLAGS & set(argv):  # printing the config or a help trains nothing
-        return
+    if argv[0] == "train" and informational(hydra_args(argv[1:])):
+        return  # printing the config or a help trains nothing
     gc.disable()
     try:
         for name in PRELOAD:

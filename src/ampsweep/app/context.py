@@ -4,14 +4,20 @@ the exit codes a job's end maps to."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from ampsweep.tracking import store
 from ampsweep.tracking.recorder import RunCloser
 from ampsweep.tracking.sweep import SweepInfo
+
+if TYPE_CHECKING:  # only named here: app.plan imports the engine, which costs torch
+    from ampsweep.app.plan import PlannedJob
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED = 2, 1, 130
 
@@ -31,6 +37,14 @@ class JobOutcome:
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
 
+    def __float__(self) -> float:
+        """The objective a searching sweeper (hydra/sweeper=optuna, direction minimize)
+        takes from a job: its final validation loss. A job without one failed the trial."""
+        loss = self.summary.get("val/loss") if self.status == store.FINISHED else None
+        if loss is None:
+            raise ValueError(f"{self.name} ended {self.status}: {self.error or 'no val/loss'}")
+        return float(loss)
+
 
 @dataclass
 class CommandContext:
@@ -41,6 +55,16 @@ class CommandContext:
     outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
     closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
     plan: list[str] = field(default_factory=list)  # a sweep's modes by job number (estimates)
+    # Each job as the command planned it, by job number (None: a single run), and the check
+    # of each batch of a sweep's composed jobs (``app.plan.SweepChecks``)
+    planned: dict[int | None, PlannedJob] = field(default_factory=dict)
+    check_batch: Callable[[list], None] | None = None
+
+    def __getstate__(self) -> dict:
+        """The copy a launcher sends to jobs in other processes: without this process's plan
+        and checks (such a job plans itself from the config it is given: precision=auto
+        depends on the machine it runs on)."""
+        return {**self.__dict__, "planned": {}, "check_batch": None}
 
 
 @dataclass

@@ -88,7 +88,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 class Doctor:
     def __init__(self, overrides: list[str], config_dir: str | None, modes_arg: str | None):
-        from ampsweep.config.compose import expand_sweep, search_entry
+        from ampsweep.config.compose import search_entry
+        from ampsweep.config.sweeps import expand_sweep
 
         for o in overrides:
             if len(expand_sweep([o])) > 1:

@@ -31,12 +31,12 @@ from pathlib import Path
 import ampsweep
 from ampsweep.app import console, estimate, numerics, slurm
 from ampsweep.app.context import (
-    EXIT_KILLED,  # noqa: F401 (app.train imports it from here)
     CommandContext,
     JobContext,
     JobOutcome,
 )
 from ampsweep.app.ending import Ending
+from ampsweep.app.plan import PlannedJob, plan_job
 from ampsweep.app.resume import Resuming, cluster_job_tag, replay_left
 from ampsweep.app.signals import StopRequest
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
@@ -59,8 +59,16 @@ class TaskFunction:
         self.command = command
         self.__module__ = __name__  # hydra.main reads it to find the calling module
 
+    def check_batch(self, nodes: list) -> None:
+        """ampsweep's sweeper (and launcher) hand each batch of composed jobs here before
+        launching it: the command checks and plans them, or refuses the sweep."""
+        if self.command.check_batch is not None:
+            self.command.check_batch(nodes)
+
     def __call__(self, node) -> JobOutcome:
-        return run_job(node, JobContext.from_hydra(), self.command)
+        ctx = JobContext.from_hydra()
+        planned = self.command.planned.pop(ctx.job_num, None)  # None: planned elsewhere
+        return run_job(planned or node, ctx, self.command)
 
     def collect(self, returns) -> None:
         """The outcomes of jobs that ran in other processes, from the JobReturns their
@@ -75,21 +83,9 @@ def default_run_name(cfg: Config) -> str:
     return f"{cfg.precision.name}-{cfg.model.name}-{cfg.dataset.name}"
 
 
-def expected_run_name(cfg: Config) -> str:
-    """The name a job's run will get, with the precision resolved for this machine (so a
-    sweep can tell up front which names repeat)."""
-    if cfg.tracking.run_name:
-        return cfg.tracking.run_name
-    from ampsweep.engine.build import resolve
-
-    try:
-        return default_run_name(resolve(cfg))
-    except ConfigError:  # the job itself will report it
-        return default_run_name(cfg)
-
-
 def run_job(node, ctx: JobContext | None = None, command: CommandContext | None = None):
-    """Run one job from a composed config node (or a Config); under DDP, this rank's part."""
+    """Run one job from its plan (a PlannedJob), or from a composed config node or a Config,
+    which it plans itself; under DDP, this rank's part."""
     ctx, command = ctx or JobContext(), command or CommandContext()
     distributed.export_submitit_env()  # a submitit task array: one task per rank
     rank = distributed.from_env()
@@ -167,12 +163,12 @@ class Job(Resuming, Ending):
                 return self._skip(twin)
         setup = None
         if not refusal:
-            from ampsweep.engine.build import build, select_device
+            from ampsweep.engine.build import build_planned, select_device
 
             if self.rank.enabled:
                 distributed.init(self.rank, select_device(cfg.trainer.device).type)
             try:
-                setup = self.setup = build(cfg)
+                setup = self.setup = build_planned(cfg)
             except ConfigError as err:
                 refusal = err
         if refusal and not (self.tracked and self.sweep):
@@ -187,9 +183,11 @@ class Job(Resuming, Ending):
     def plan(self) -> tuple[Config, ConfigError | None]:
         """The config as it will run here, the run's name, and whether it is recorded. A
         config this hardware refuses is returned with the refusal."""
-        from ampsweep.engine.build import resolve
-
-        cfg = self.node if isinstance(self.node, Config) else to_config(self.node)
+        planned = self.node if isinstance(self.node, PlannedJob) else None
+        if planned is None:  # planned here, once: a job in its own process, a test
+            cfg = self.node if isinstance(self.node, Config) else to_config(self.node)
+            planned = plan_job(cfg)
+        cfg = planned.cfg
         self.name = mask_text(cfg.tracking.run_name or default_run_name(cfg))
         # Only rank 0 records: one training across N processes is one MLflow run.
         self.tracked = cfg.tracking.backend == Tracker.mlflow and self.rank.is_main
@@ -198,11 +196,7 @@ class Job(Resuming, Ending):
             store.check(self.uri)
         if self.rank.enabled:  # record the processes that actually ran
             cfg = replace(cfg, trainer=replace(cfg.trainer, nproc=self.rank.world_size))
-        refusal = None
-        try:
-            cfg = resolve(cfg)
-        except ConfigError as err:
-            refusal = err
+        refusal = planned.refusal
         name = cfg.tracking.run_name or default_run_name(cfg)
         if self.sweep and not cfg.tracking.run_name:
             name = self.sweep.run_name(name, self.ctx.job_num)

@@ -297,4 +297,5 @@ def register() -> None:
     plugins = Plugins.instance()
     from hydra_plugins.ampsweep_launcher import sweeper
 
-    plugins.register(sweeper.AmpsweepSweeper)
+    for cls in (sweeper.AmpsweepSweeper, sweeper.AmpsweepLauncher):
+        plugins.register(cls)

@@ -30,6 +30,7 @@ from pathlib import Path
 from ampsweep.app.shared_fs import check_shared
 from ampsweep.app.sinfo import SINFO_FORMAT, Partition, parse_sinfo
 from ampsweep.config.schema import ConfigError, Tracker
+from ampsweep.engine.confighash import root_of
 from ampsweep.tracking import store
 
 COMMANDS = ("sbatch", "sinfo", "squeue", "scancel")
@@ -280,10 +281,9 @@ def check_sweep(
     its launcher config as Hydra composes it for the first job, the jobs' process counts,
     and what the jobs must share (the sweep dir, a SQLite store, the checkpoint folders).
     Raises ConfigError; returns notes."""
-    from omegaconf import OmegaConf
 
-    from ampsweep.config.compose import compose, expand_sweep
-    from ampsweep.engine.confighash import root_of
+    from ampsweep.config.compose import compose
+    from ampsweep.config.sweeps import expand_sweep
 
     try:
         first = expand_sweep(overrides)[0]
@@ -296,6 +296,15 @@ def check_sweep(
                 "installed: pip install 'ampsweep[cluster]' (hydra-submitit-launcher)"
             ) from None
         raise
+    return check_launcher(cfg, configs)
+
+
+def check_launcher(cfg, configs: list) -> list[str]:
+    """The checks above for a sweep whose jobs Hydra composed (``cfg``: one job's config with
+    its hydra node) if its launcher is a SLURM one (else nothing). Raises ConfigError;
+    returns notes."""
+    from omegaconf import OmegaConf
+
     launcher = cfg.hydra.launcher
     if not is_slurm_launcher(OmegaConf.select(launcher, "_target_")):
         return []

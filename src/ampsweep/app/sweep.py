@@ -1,9 +1,9 @@
 """Launching a sweep: its parent run before the jobs, its report and end after them.
 
-``ampsweep train -m`` decides the sweep dir itself (Hydra's ``hydra.sweep.dir``, resolved once
-and handed back to Hydra), creates the parent run there, runs the jobs through Hydra, then
-ends the parent whatever happened to them, after printing the comparison report and logging
-it to the parent.
+``ampsweep train -m`` creates the parent run in the sweep dir once the sweeper has composed and
+checked the first batch of jobs (``app.plan``), runs the jobs through Hydra, then ends the
+parent whatever happened to them, after printing the comparison report and logging it to the
+parent.
 """
 
 from __future__ import annotations
@@ -14,27 +14,13 @@ from datetime import datetime
 from pathlib import Path
 
 from ampsweep.app import console
-from ampsweep.app.job import expected_run_name
-from ampsweep.config.compose import compose
+from ampsweep.app.job import default_run_name
 from ampsweep.config.schema import Config, Tracker
+from ampsweep.report import render
+from ampsweep.report.sweeps import build_report, publish
 from ampsweep.tracking import store
 from ampsweep.tracking import sweep as sweeps
 from ampsweep.tracking.sweep import SweepInfo, SweepResult
-
-
-def plan_dir(
-    first_job: list[str], conf: Path, config_name: str, search: list[str] | None = None
-) -> tuple[Path, str]:
-    """The sweep dir Hydra would make for this command (resolved now, once) and the sweep's
-    label (the experiment's name, else "sweep"). ``search``: the user's config folders."""
-    from omegaconf import OmegaConf
-
-    cfg = compose(first_job, conf, config_name, return_hydra_config=True, search=search or ())
-    sweep_dir = Path(cfg.hydra.sweep.dir).resolve()
-    if not any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in first_job):
-        sweep_dir = claim_dir(sweep_dir)  # the default (named by the second) is this sweep's
-    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
-    return sweep_dir, choices.get("experiment") or "sweep"
 
 
 def claim_dir(sweep_dir: Path) -> Path:
@@ -53,12 +39,13 @@ def claim_dir(sweep_dir: Path) -> Path:
 
 
 def begin(configs: list[Config], args: list[str], sweep_dir: Path, label: str) -> SweepInfo | None:
-    """The sweep's parent run (None when the sweep is not recorded: tracking=none)."""
+    """The sweep's parent run (None when the sweep is not recorded: tracking=none), from the
+    planned configs of its first batch of jobs."""
     first = configs[0].tracking
     if first.backend != Tracker.mlflow:
         return None
     uri = store.resolve_uri(first.uri)
-    names = [expected_run_name(c) for c in configs if not c.tracking.run_name]
+    names = [default_run_name(c) for c in configs if not c.tracking.run_name]
     return sweeps.begin(
         uri,
         first,
@@ -68,6 +55,13 @@ def begin(configs: list[Config], args: list[str], sweep_dir: Path, label: str) -
         expected_jobs=len(configs),
         run_names=names,
     )
+
+
+def grow(info: SweepInfo | None, configs: list[Config]) -> None:
+    """A later batch of a search's trials (hydra/sweeper=optuna): the parent expects them."""
+    if info is not None:
+        sweeps.grow(info, [default_run_name(c) for c in configs if not c.tracking.run_name],
+                    len(configs))  # fmt: skip
 
 
 def finish(info: SweepInfo, interrupted: bool) -> SweepResult:
@@ -86,9 +80,6 @@ def finish(info: SweepInfo, interrupted: bool) -> SweepResult:
 def publish_report(info: SweepInfo) -> None:
     """Print the comparison report and log it (files, charts, headline metrics) to the parent.
     A report problem is reported, never allowed to change how the sweep ended."""
-    from ampsweep.report import render
-    from ampsweep.report.sweeps import build_report, publish
-
     try:
         client = store.client_for(info.uri)
         rep = build_report(client, info.parent_run_id)

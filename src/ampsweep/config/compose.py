@@ -1,7 +1,8 @@
 """Composing configs and turning them into the typed ``Config`` that runs.
 
-``ampsweep train`` composes every job of a command here first (each combination of a sweep),
-so a bad override fails before anything runs or touches the MLflow store. A composed
+``ampsweep train`` composes a single run's job here first, so a bad override fails before
+anything runs or touches the MLflow store (a sweep's jobs are composed by Hydra's sweeper:
+``app.sweeper``). A composed
 ``Schema`` becomes a ``Config`` in ``to_config``: the fixed sections are typed by Hydra already
 (and a key added to them with ``+``, which nothing would read, is refused); each open component
 section (model, dataset, optimizer, task, loss) is split into the keys its kind shares, typed
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-import itertools
+import importlib.util
 import re
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
@@ -24,6 +25,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+import ampsweep.conf
 from ampsweep.config import messages
 from ampsweep.config.schema import (
     COMPONENT_META,
@@ -37,11 +43,6 @@ from ampsweep.config.schema import (
 )
 
 CONFIG_NAME = "config"
-# Hydra's flags that print something (the config, help, completion) and train nothing
-HYDRA_INFO_FLAGS = {
-    "--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
-    "--shell-completion", "-sc", "--experimental-rerun", "--resolve",
-}  # fmt: skip
 META = (*(f for f in COMPONENT_META if f != "name"),)  # "name" is shown with the shared keys
 
 
@@ -51,8 +52,6 @@ def config_dir() -> Path:
     checkout = Path(__file__).resolve().parents[3] / "conf"
     if (checkout / f"{CONFIG_NAME}.yaml").is_file():
         return checkout
-    import ampsweep.conf
-
     for entry in ampsweep.conf.__path__:
         if (Path(entry) / f"{CONFIG_NAME}.yaml").is_file():
             return Path(entry).resolve()
@@ -84,8 +83,6 @@ def search_folders(search: Sequence[str]) -> list[Path]:
         if scheme in ("", "file"):
             out.append(Path(rest))
         elif scheme == "pkg":
-            import importlib.util
-
             try:
                 spec = importlib.util.find_spec(rest.replace("/", "."))
             except (ImportError, ValueError):
@@ -111,8 +108,6 @@ def saved_config_overrides(conf: Path, config_name: str, given: Sequence[str]) -
     groups and sweeper), its logging, and its run and sweep dirs. Without them Hydra would use
     its own defaults (a run dir under outputs/<date>/<time>/ with a job log file, a logging
     handler on the console). None for any other primary config, or those ``given`` already."""
-    from omegaconf import OmegaConf
-
     path = Path(conf) / f"{config_name}.yaml"
     ours = config_dir() / f"{CONFIG_NAME}.yaml"
     if not path.is_file() or path.resolve() == ours.resolve():
@@ -130,6 +125,10 @@ def saved_config_overrides(conf: Path, config_name: str, given: Sequence[str]) -
     out += [f"{key}={_quoted(value)}" for key, value in settings.items()]
     taken = {_key(o) for o in given}
     return [o for o in out if _key(o) not in taken]
+
+
+def _key(override: str) -> str:
+    return override.lstrip("~+").split("=", 1)[0]
 
 
 def _quoted(value: str) -> str:
@@ -160,9 +159,6 @@ def compose(
     """Compose a config with Hydra's compose API; raise ConfigError with one line on failure.
     ``search``: more config folders (Hydra search path entries, e.g. the user's --config-dir),
     whose group files sit beside ampsweep's."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     register_configs()
     conf = Path(conf or config_dir()).resolve()
     search = [*search, *searchpath_of(overrides)]
@@ -209,8 +205,6 @@ def _keys_beside(
 def to_config(cfg) -> Config:
     """The typed Config of a composed one; range and cross-field checks of the shared keys
     run here (one message listing every problem)."""
-    from omegaconf import OmegaConf
-
     try:
         if OmegaConf.get_type(cfg) is not Schema:
             # A saved config without the schema in its defaults (a run's .hydra/config.yaml,
@@ -237,7 +231,6 @@ def _refuse_unknown_keys(cfg) -> None:
     """A key added with ``+`` to a typed section (``+trainer.epochz=3``) or to the root is
     kept by Hydra and would be silently ignored: refuse it, naming the keys that exist. (The
     component sections are open: their keys are checked against the builder they name.)"""
-    from omegaconf import DictConfig
 
     def walk(node, cls: type, prefix: str) -> None:
         known = {f.name: f for f in fields(cls)}
@@ -271,8 +264,6 @@ def _refuse_unknown_keys(cfg) -> None:
 def _component(section: str, node) -> Any:
     """A component section as its typed config: the shared keys typed, ``_target_`` (and
     ``_partial_``) kept apart, the rest as ``args``."""
-    from omegaconf import OmegaConf
-
     cls = COMPONENTS[section]
     raw = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     own = {f.name for f in fields(cls)}
@@ -333,8 +324,6 @@ def load(
 
 def _strip_hydra(cfg):
     """The config without Hydra's own node (keeping the typed root)."""
-    from omegaconf import open_dict
-
     if "hydra" in cfg:
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
@@ -342,157 +331,10 @@ def _strip_hydra(cfg):
     return cfg
 
 
-# ---------------------------------------------------------------- sweeps
-
-
-def is_hydra_override(override: str) -> bool:
-    key = override.lstrip("~+").split("=", 1)[0]
-    return key.startswith(("hydra.", "hydra/")) or key == "hydra"
-
-
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """Every job a ``-m`` command would launch, as plain override lists (basic sweeper
-    semantics: the cartesian product of the comma/range/choice sweeps), in the order ampsweep's
-    sweeper runs them: seed-major (``seed_major``)."""
-    parsed = _parse(overrides)
-    axes: list[list[str]] = []
-    for ov in parsed:
-        key = ov.get_key_element()
-        if ov.is_sweep_override():
-            values = list(ov.sweep_string_iterator())
-            axes.append([f"{key}={v}" for v in values])
-        else:
-            axes.append([f"{key}={ov.get_value_element_as_str()}"])
-    order = seed_major([_key(a[0]) for a in axes])
-    # The seed axis varies slowest; each job keeps its overrides in the order given.
-    combos = itertools.product(*(axes[i] for i in order))
-    return [[combo[order.index(i)] for i in range(len(axes))] for combo in combos]
-
-
-def seed_major(keys: Sequence[str]) -> list[int]:
-    """The positions of a sweep's ``keys`` with the seed's first: the product of the axes then
-    runs every mode (and every other setting) of one seed before the next seed, so the runs a
-    report pairs by seed also run side by side in time, and a change in the machine's load
-    over the sweep falls on every mode alike instead of on whichever mode ran then."""
-    return sorted(range(len(keys)), key=lambda i: keys[i] != SEED)
-
-
-def sweep_params_of(
-    conf: Path, config_name: str, overrides: list[str], search: Sequence[str] = ()
-) -> list[str]:
-    """The ``hydra.sweeper.params`` an experiment file adds (e.g. experiment=precision_sweep),
-    so validation covers the jobs the sweeper will actually build."""
-    cfg = compose(overrides, conf, config_name, return_hydra_config=True, search=search)
-    params = cfg.hydra.sweeper.get("params") or {}
-    given = {o.lstrip("~+").split("=", 1)[0] for o in overrides}
-    return [f"{k}={v}" for k, v in params.items() if k not in given]
-
-
-REPEATS, SEED = "sweep.repeats", "trainer.seed"
-
-
-def _key(override: str) -> str:
-    return override.lstrip("~+").split("=", 1)[0]
-
-
-def repeat_overrides(
-    overrides: list[str],
-    conf: Path | None = None,
-    config_name: str = CONFIG_NAME,
-    search: Sequence[str] = (),
-) -> tuple[list[str], list[str], int]:
-    """A sweep's ``sweep.repeats=N`` as what Hydra's sweeper runs: a ``trainer.seed`` sweep of
-    N seeds from the configured seed on (``trainer.seed=5 sweep.repeats=3``: seeds 5, 6, 7),
-    crossed with the rest of the sweep. Returns the overrides to drop, those to add, and N.
-
-    The jobs are then exactly those of an explicit ``trainer.seed=0,1,2`` sweep, and record
-    the seed they ran with; so both commands give the same runs and the same report."""
-    conf = Path(conf or config_dir())
-    plain = [o for o in overrides if not is_hydra_override(o)]
-    parsed = _parse(plain)
-    swept = {ov.get_key_element() for ov in parsed if ov.is_sweep_override()}
-    if REPEATS in swept:
-        raise ConfigError(
-            f"{_given(plain, REPEATS)}: sweep.repeats cannot itself be swept: give one number, "
-            "e.g. sweep.repeats=3"
-        )
-    first = expand_sweep(plain)[0]
-    search = [*search, *searchpath_of(overrides)]
-    cfg = compose(first, conf, config_name, search=search)
-    repeats = _repeats_of(cfg)
-    if repeats == 1:
-        return [], [], 1
-    params = sweep_params_of(conf, config_name, first, search)
-    if SEED in swept or any(_key(p) == SEED for p in params):
-        raise ConfigError(
-            f"sweep.repeats={repeats} with a trainer.seed sweep: each sets the seeds: give "
-            f"sweep.repeats={repeats} (seeds trainer.seed, trainer.seed + 1, ...) or the seeds, "
-            "e.g. trainer.seed=0,1,2, not both"
-        )
-    base = int(cfg.trainer.seed)
-    seeds = ",".join(str(base + i) for i in range(repeats))
-    drop = [o for o in plain if _key(o) in (REPEATS, SEED)]
-    return drop, [f"{SEED}={seeds}"], repeats
-
-
-def _repeats_of(cfg) -> int:
-    repeats = cfg.sweep.repeats
-    if repeats < 1:
-        raise ConfigError(
-            f"sweep.repeats={repeats} must be >= 1: the runs of each configuration, e.g. "
-            "sweep.repeats=3 for a mean with a confidence interval"
-        )
-    return int(repeats)
-
-
-def _given(overrides: list[str], key: str) -> str:
-    return next((o.lstrip("~+") for o in overrides if _key(o) == key), key)
-
-
-def _parse(overrides: list[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides(overrides)
-    except Exception as err:
-        raise ConfigError(messages.explain(err, overrides, None)) from None
-
-
-def validate_command(
-    overrides: list[str],
-    multirun: bool,
-    conf: Path | None = None,
-    config_name: str = CONFIG_NAME,
-    search: Sequence[str] = (),
-) -> list[Config]:
-    """Compose and validate every job of the command (a sweep's ``sweep.repeats`` already
-    turned into seeds by ``repeat_overrides``). Raises ConfigError. ``search``: the user's
-    config folders (``--config-dir``; a ``hydra.searchpath`` override is read too)."""
-    conf = Path(conf or config_dir())
-    search = [*search, *searchpath_of(overrides)]
-    plain = normalise_overrides([o for o in overrides if not is_hydra_override(o)])
-    if not multirun:
-        cfg = compose(plain, conf, config_name, search=search)
-        repeats = _repeats_of(cfg)
-        if repeats > 1:
-            raise ConfigError(
-                f"sweep.repeats={repeats} repeats the configurations of a sweep: add -m, e.g. "
-                f"ampsweep train -m sweep.repeats={repeats} precision=fp32,bf16"
-            )
-        return [to_config(_strip_hydra(cfg))]
-    jobs = expand_sweep(plain)
-    extra = sweep_params_of(conf, config_name, jobs[0], search)
-    if extra:  # in Hydra's order: the experiment's sweep params before the command's
-        jobs = expand_sweep([*extra, *plain])
-    return [load(job, conf, config_name, search) for job in jobs]
-
-
 def as_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain nested data, as a user writes it: Enums by name, and each
     component's ``args`` beside its shared keys (``model.width``, not ``model.args.width``),
     with its ``_target_`` (and ``_partial_``) when it names a callable."""
-    from omegaconf import OmegaConf
-
     out = {}
     for f in fields(Config):
         value = getattr(cfg, f.name)
@@ -536,6 +378,4 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
 
 
 def to_yaml(cfg: Config) -> str:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_yaml(OmegaConf.create(as_dict(cfg)))

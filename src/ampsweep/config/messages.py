@@ -57,6 +57,10 @@ def _override_for(key: str, overrides: list[str]) -> str:
     return key
 
 
+SYNTAX = (
+    "write key=value, group=option, or with -m a sweep: a,b,c, range(0,3), choice(a,b), "
+    "glob(fp16*), glob(*,exclude=[fp8*])"
+)
 KIND_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
 CALLBACKS = "trainer.callbacks"
 
@@ -105,16 +109,13 @@ def explain(
     # message alone ("no viable alternative at input '[1'") does not say which one was bad.
     parsed = getattr(err, "override", None)
     if isinstance(parsed, str):
-        return (
-            f"{parsed}: cannot parse this override ({text.splitlines()[0]}): "
-            "write key=value, group=option, or a sweep a,b,c with -m"
-        )
+        return f"{parsed}: cannot parse this override ({text.splitlines()[0]}): " + SYNTAX
     if "Error parsing override" in text:
         detail = text.splitlines()[1] if len(text.splitlines()) > 1 else ""
         bad = re.search(r"Error parsing override '([^']*)'", text)
         return (
             f"{bad.group(1) if bad else 'override'}: cannot parse this override ({detail}): "
-            "write key=value, group=option, or a sweep a,b,c with -m"
+            + SYNTAX
         )
     if "Missing mandatory value" in cause_text or "MissingMandatoryValue" in type(cause).__name__:
         return f"{full_key}: this key has no value: set it, e.g. {full_key}=..."

@@ -83,7 +83,12 @@ def resolve(cfg: Config) -> Config:
     """The config as it will run here: components checked and completed, and the precision
     mode resolved for this machine (``auto`` decided, derived fields filled in). Cheap: no
     data is loaded, so a sweep can decide up front whether a job is already done."""
-    cfg = components.resolve(cfg)
+    return resolve_precision(components.resolve(cfg))
+
+
+def resolve_precision(cfg: Config) -> Config:
+    """A config whose components are resolved, with its precision mode resolved for this
+    machine. Raises ConfigError where this machine cannot run the mode."""
     policy = build_policy(cfg.precision, select_device(cfg.trainer.device))
     return _resolved(cfg, policy)
 
@@ -97,12 +102,17 @@ def _resolved(cfg: Config, policy: PrecisionPolicy) -> Config:
 
 
 def build(cfg: Config) -> Setup:
+    """Everything a config as composed needs to run (``resolve``, then ``build_planned``)."""
+    return build_planned(resolve(cfg))
+
+
+def build_planned(cfg: Config) -> Setup:
+    """Everything a planned config (``resolve``d: what a command's plan holds) needs to run;
+    it is not resolved again."""
     t = cfg.trainer
     rank = distributed.current()  # the process group is joined before build (the job)
     device = select_device(t.device)
-    cfg = components.resolve(cfg)
-    policy = build_policy(cfg.precision, device)
-    cfg = _resolved(cfg, policy)
+    policy = build_policy(cfg.precision, device)  # the resolved mode's policy
     fsdp = sharded.wanted(cfg) and rank.enabled  # one process runs the model unsharded
     if fsdp:
         sharded.check(cfg, policy, device)
@@ -238,7 +248,8 @@ def preflight(configs: list[Config]) -> None:
     built: an fp8 mode this machine or installation cannot run (an fp8 mode's refusal is the
     command's mistake, fixed by a flag or an install, not one job's hardware), a model with
     no Linear layer fp8 can take, or a ``precision.keep_fp32`` pattern that names no module.
-    The model is built on the meta device: no memory, no compute.
+    The model is built on the meta device: no memory, no compute. ``configs``: with their
+    components resolved (``components.resolve``, as a command's plan has them).
     Raises ConfigError."""
     from ampsweep.precision import modes
 
@@ -247,7 +258,6 @@ def preflight(configs: list[Config]) -> None:
         mode = modes.get(cfg.precision.name)
         if mode is None or not (mode.fp8 or cfg.precision.keep_fp32):
             continue
-        cfg = components.resolve(cfg)
         policy = build_policy(cfg.precision, select_device(cfg.trainer.device))
         key = repr(cfg.dataset)
         if key not in samples_of:

@@ -39,7 +39,6 @@ from ampsweep.engine import distributed, sharded
 from ampsweep.engine.confighash import (
     comparable,
     config_hash,
-    root_of,  # noqa: F401 (app.train imports it from here)
     unmasked,
 )
 from ampsweep.engine.loop import TrainState

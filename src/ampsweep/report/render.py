@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from ampsweep.report import trials
 from ampsweep.report.model import Report, Row, is_number, ratio_range
 
 CONSOLE_WIDTH = 100
@@ -226,6 +227,8 @@ def to_markdown(report: Report) -> str:
     if report.repeated:
         lines += ["", "## Every run", ""]
         lines += _markdown_table(*table_cells(report, rows=report.rows))
+    best = trials.lines(report)  # a search's best trial of each mode
+    lines += ["", "## Best of each mode", ""] + [f"- {b}" for b in best] if best else []
     lines += ["", "## Findings", ""] + [f"- {f}" for f in report.findings]
     return "\n".join(lines) + "\n"
 
@@ -321,6 +324,8 @@ def print_table(report: Report, console, wide: bool = False) -> None:
         Console(file=console.file, width=needed, highlight=False, soft_wrap=True).print(table)
     else:  # the console table was fitted to 100 columns
         console.print(table, width=min(console.width, CONSOLE_WIDTH), crop=False)
+    for line in trials.lines(report):  # a search's best trial of each mode
+        console.print(escape(line))
     console.print("[bold]Findings[/]")
     if console.soft_wrap:  # not a terminal: one line per finding
         for f in report.findings:

@@ -92,6 +92,17 @@ def begin(
     return info
 
 
+def grow(info: SweepInfo, run_names: list[str], jobs: int) -> None:
+    """More jobs than the first batch (a search's later trials): expected, and their names
+    counted (a repeated name gets its job number), on the parent and in the sweep dir."""
+    info.expected_jobs = (info.expected_jobs or 0) + jobs
+    for name, n in Counter(run_names).items():
+        info.name_counts[name] = info.name_counts.get(name, 0) + n
+    client = store.client_for(info.uri)
+    client.set_tag(info.parent_run_id, store.JOBS_EXPECTED, str(info.expected_jobs))
+    (Path(info.sweep_dir) / SWEEP_FILE).write_text(info.dump())
+
+
 def end_orphaned_sweeps(client, experiment_id: str) -> list[str]:
     """End the RUNNING sweep parents whose launching process is gone (SIGKILL, a lost node),
     and their RUNNING children whose training process is gone too: nothing else will ever end

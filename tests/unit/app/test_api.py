@@ -102,3 +102,28 @@ def test_train_with_a_config_folder(store, tmp_path, monkeypatch):
     run = ampsweep.train([*overrides, "model=wide_mlp", f"tracking.uri={store}"], tmp_path / "conf")
     params = mlflow_store.client_for(store).get_run(run.run_id).data.params
     assert (params["model.name"], params["model.width"], params["model.depth"]) == ("mlp", "8", "1")
+
+
+@pytest.mark.parametrize(
+    "sweep,modes",
+    [
+        (["precision=glob(*,exclude=[tf32,fp8*,auto,fp16*,bf16_pure])"], ["bf16", "fp32"]),
+        (
+            ["precision=choice(fp32,bf16)", "trainer.seed=range(0,2)"],
+            ["bf16", "bf16", "fp32", "fp32"],
+        ),
+    ],
+    ids=["glob-exclude", "choice-range"],
+)
+def test_sweep_takes_hydras_whole_sweep_grammar(sweep, modes, store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = ampsweep.sweep([*SMALL, "model=mlp", *sweep, f"tracking.uri={store}"])
+    assert sorted(r.precision for r in result.rows) == modes
+    assert all(r.status == "FINISHED" for r in result.rows)
+
+
+def test_sweep_refuses_a_search_range_without_a_sweeper_that_searches(store):
+    with pytest.raises(
+        ampsweep.ConfigError, match=r"interval\(0.0001,0.01\): .*hydra/sweeper=optuna"
+    ):
+        ampsweep.sweep(["optimizer.lr=interval(0.0001,0.01)", f"tracking.uri={store}"])

@@ -9,7 +9,6 @@ import json
 import pytest
 from conftest import all_runs, free_port
 
-from ampsweep.app import train as train_cmd
 from ampsweep.tracking import store
 
 # (overrides, the key=value the one line must name); {tmp} is the test's temporary folder.
@@ -106,15 +105,6 @@ def test_a_callback_from_the_config_sees_every_step(tmp_path, store_uri, quick, 
     assert recorded == str([{"_target_": "callbacks.RecordSteps", "path": str(steps)}])
     assert without.data.params["trainer.callbacks"] == "[]"
     assert with_hook.data.tags[store.CONFIG_HASH] == without.data.tags[store.CONFIG_HASH]
-
-
-def test_split_train_args():
-    overrides, flags, bare = train_cmd.split_train_args(
-        ["-m", "precision=fp32,fp16", "--config-name", "other", "-cp=/x", "model=mlp"]
-    )
-    assert overrides == ["precision=fp32,fp16", "model=mlp"]
-    assert flags == {"--config-name": "other", "-cp": "/x"}
-    assert bare == {"-m"}
 
 
 @pytest.mark.parametrize(
@@ -214,23 +204,32 @@ def test_a_failing_job_fails_its_child_and_the_parent_not_the_sweep(store_uri, q
 def test_hydra_composes_each_job_once_to_run_it_after_ampsweeps_check(
     store_uri, quick, main, monkeypatch, sweeper, compositions
 ):
-    """ampsweep composes and checks every job before Hydra starts; its sweeper (the default)
-    leaves out Hydra's second composition of each job, which hydra/sweeper=basic still makes."""
+    """Every composition of a sweep is counted, ampsweep's own and Hydra's: the sweep's own
+    config once (Hydra's multirun), then each job once with ampsweep's sweeper (the default),
+    which hands it to ampsweep's checks and then to the launcher as it is. Hydra's basic
+    sweeper composes each job once more, to check its batch."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
+    from ampsweep.config import compose
+
     composed: list[list[str]] = []
-    original = ConfigLoaderImpl.load_sweep_config
+    load, ours = ConfigLoaderImpl.load_configuration, compose.compose
 
-    def counting(self, master_config, sweep_overrides):
-        composed.append(list(sweep_overrides))
-        return original(self, master_config, sweep_overrides)
+    def counting(self, config_name, overrides, run_mode, *args, **kwargs):
+        composed.append(list(overrides))
+        return load(self, config_name, overrides, run_mode, *args, **kwargs)
 
-    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counting)
+    def ampsweeps(*args, **kwargs):
+        composed.append(["ampsweep.config.compose"])
+        return ours(*args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counting)
+    monkeypatch.setattr(compose, "compose", ampsweeps)
     args = ["precision=fp32,bf16", f"hydra/sweeper={sweeper}", f"tracking.uri={store_uri}"]
     result = main("train", "-m", *args, *quick, "model=mlp")
     assert result.code == 0, result.err
-    assert len(composed) == 2 * compositions
-    assert {o for job in composed for o in job if o.startswith("precision=")} == {
+    assert len(composed) == 1 + 2 * compositions, composed  # the sweep's, then each job's
+    assert {o for job in composed[1:] for o in job if o.startswith("precision=")} == {
         "precision=fp32",
         "precision=bf16",
     }
@@ -248,3 +247,46 @@ def test_a_sweep_dir_given_on_the_command_line_is_used(tmp_path, store_uri, quic
     made = {p.name for p in (tmp_path / "sweeps" / "mine").iterdir()}
     assert {"0", "1", "multirun.yaml", "ampsweep_sweep.json"} <= made, made
     assert not (tmp_path / "outputs" / "multirun").exists()
+
+
+# ---------------------------------------------------------------- Hydra's sweep grammar
+
+
+def test_a_glob_sweep_with_exclude_runs_the_modes_it_picks(store_uri, quick, main):
+    pick = "precision=glob(*,exclude=[tf32,fp8*,auto,fp16*,bf16_pure])"
+    result = main("train", "-m", pick, f"tracking.uri={store_uri}", *quick, "model=mlp")
+    assert result.code == 0, result.err
+    runs = all_runs(store_uri)
+    (parent,) = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
+    kids = [r for r in runs if r.data.tags.get(store.PARENT) == parent.info.run_id]
+    assert sorted(k.data.tags[store.PRECISION] for k in kids) == ["bf16", "fp32"]
+    assert parent.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["precision=glob("], "precision=glob(: cannot parse this override"),
+        (["trainer.seed=range(a)"], "trainer.seed=range(a): cannot parse this override"),
+        (["hydra/sweeper=nope"], "hydra/sweeper=nope: no such sweeper: choose one of basic, "),
+        (["hydra/launcher=nope"], "hydra/launcher=nope: no such launcher: choose one of basic"),
+    ],
+    ids=["glob-unclosed", "range-of-a-word", "sweeper", "launcher"],
+)
+def test_a_malformed_sweep_is_one_line(args, line, store_uri, main):
+    result = main("train", "-m", *args, f"tracking.uri={store_uri}")
+    check_one_line_error(result.code, result.out, result.err, line)
+    assert "range(0,3)" in result.err or "choose one of" in result.err  # the fix
+    assert all_runs(store_uri) == []
+
+
+def test_every_problem_of_a_sweep_is_said_before_its_parent_exists(store_uri, main):
+    args = ["trainer.batch_size=32,0", "optimizer.lr=-1,0.1", "precision=fp32,bf16"]
+    result = main("train", "-m", *args, f"tracking.uri={store_uri}")
+    assert result.code == 2, result.err
+    lines = result.err.strip().splitlines()
+    assert all(ln.startswith("error: ") for ln in lines) and len(lines) == len(set(lines))
+    assert any("trainer.batch_size=0 must be > 0" in ln for ln in lines)
+    assert any("optimizer.lr=-1.0 must be > 0" in ln for ln in lines)
+    assert "Traceback" not in result.out + result.err
+    assert all_runs(store_uri) == []  # no parent run, no child

@@ -9,6 +9,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
+from conftest import sweep_jobs
 from omegaconf import OmegaConf
 
 from ampsweep.config import compose as config
@@ -50,8 +51,9 @@ def test_every_group_option_composes(group, option):
 def test_every_experiment_composes(experiment):
     cfg = config.load([f"experiment={experiment}"])
     assert isinstance(cfg, Config)
-    # And every job the experiment would sweep over validates up front.
-    assert config.validate_command([f"experiment={experiment}"], multirun=True)
+    # And every job the experiment would sweep over composes and types.
+    code, jobs = sweep_jobs(f"experiment={experiment}")
+    assert code == 0 and jobs
 
 
 def test_defaults():
@@ -113,19 +115,15 @@ def test_unparsable_override_is_named():
     assert message.startswith("trainer.epochs=[1: cannot parse") and "\n" not in message
 
 
-def test_validate_command_checks_every_job_of_a_sweep():
-    # Only the second value of the sweep is bad: it must still fail before anything runs.
-    with pytest.raises(ConfigError, match="trainer.batch_size=0"):
-        config.validate_command(["trainer.batch_size=32,0"], multirun=True)
-    jobs = config.validate_command(["precision=fp32,bf16", "model=mlp,cnn"], multirun=True)
+def test_every_job_of_a_sweep_is_typed_in_the_order_it_runs():
+    code, jobs = sweep_jobs("precision=fp32,bf16", "model=mlp,cnn", "hydra.job.chdir=false")
+    assert code == 0
     assert [(c.precision.name, c.model.name) for c in jobs] == [
         ("fp32", "mlp"),
         ("fp32", "cnn"),
         ("bf16", "mlp"),
         ("bf16", "cnn"),
     ]
-    # Hydra's own keys are not part of the job config.
-    assert config.validate_command(["hydra.job.chdir=false"], multirun=False)
 
 
 def _leaf_paths(node, prefix=""):
@@ -168,34 +166,6 @@ def test_to_yaml_round_trips():
         OmegaConf.merge(OmegaConf.structured(Schema), OmegaConf.create(config.to_yaml(cfg)))
     )
     assert back == cfg
-
-
-def test_expand_sweep_is_the_cartesian_product():
-    jobs = config.expand_sweep(["precision=fp32,fp16", "model=mlp,cnn", "trainer.epochs=1"])
-    assert jobs == [
-        ["precision=fp32", "model=mlp", "trainer.epochs=1"],
-        ["precision=fp32", "model=cnn", "trainer.epochs=1"],
-        ["precision=fp16", "model=mlp", "trainer.epochs=1"],
-        ["precision=fp16", "model=cnn", "trainer.epochs=1"],
-    ]
-
-
-def test_expand_sweep_ranges_and_choices():
-    assert config.expand_sweep(["trainer.seed=range(0,3)"]) == [
-        ["trainer.seed=0"],
-        ["trainer.seed=1"],
-        ["trainer.seed=2"],
-    ]
-    assert config.expand_sweep(["precision=choice(fp32,bf16)"]) == [
-        ["precision=fp32"],
-        ["precision=bf16"],
-    ]
-    assert config.expand_sweep([]) == [[]]
-
-
-def test_expand_sweep_bad_override():
-    with pytest.raises(ConfigError, match="precision=fp32,,: cannot parse"):
-        config.expand_sweep(["precision=fp32,,"])
 
 
 def test_config_dir_is_the_checkout_conf():
@@ -258,7 +228,8 @@ def test_the_users_groups_sit_beside_ampsweeps(user_conf):
     assert cfg.dataset.val_fraction == 0.25  # a shared key, typed as for built-in data sets
     assert cfg.dataset.args == {"size": 100}
     # the user's experiment uses ampsweep's groups (optimizer=sgd) and its own (my_net)
-    jobs = config.validate_command(["experiment=mine"], True, search=search)
+    code, jobs = sweep_jobs("--config-dir", str(user_conf), "experiment=mine")
+    assert code == 0
     assert [j.precision.name for j in jobs] == ["fp32", "bf16"]
     assert {j.model.name for j in jobs} == {"make_net"} and jobs[0].optimizer.name == "sgd"
 

@@ -1,65 +1,66 @@
 """sweep.repeats: a sweep's configurations each run N times with seeds trainer.seed + i, exactly
-the jobs of an explicit trainer.seed sweep; bad values refused with one line."""
+the jobs of an explicit trainer.seed sweep (Hydra's sweeper makes them: app/sweeper.py); bad
+values refused with one line."""
 
 from __future__ import annotations
 
 import pytest
-
-from ampsweep.config.compose import repeat_overrides, validate_command
-from ampsweep.config.schema import ConfigError
+from conftest import sweep_jobs
 
 
-def jobs(overrides: list[str]) -> list[tuple[str, int]]:
+def jobs(*overrides: str) -> list[tuple[str, int]]:
     """(precision, seed) of every job the command would run."""
-    drop, add, _ = repeat_overrides(overrides)
-    kept = [o for o in overrides if o not in drop] + add
-    return sorted((c.precision.name, c.trainer.seed) for c in validate_command(kept, True))
+    code, found = sweep_jobs(*overrides)
+    assert code == 0
+    return sorted((c.precision.name, c.trainer.seed) for c in found)
 
 
 def test_repeats_become_a_seed_sweep_from_the_configured_seed():
-    drop, add, n = repeat_overrides(["precision=fp32,bf16", "sweep.repeats=3"])
-    assert (drop, add, n) == (["sweep.repeats=3"], ["trainer.seed=0,1,2"], 3)
-    drop, add, _ = repeat_overrides(["trainer.seed=5", "sweep.repeats=3"])
-    assert set(drop) == {"trainer.seed=5", "sweep.repeats=3"} and add == ["trainer.seed=5,6,7"]
+    assert jobs("precision=fp32,bf16", "sweep.repeats=3") == [
+        (m, s) for m in ("bf16", "fp32") for s in (0, 1, 2)
+    ]
+    assert {s for _, s in jobs("trainer.seed=5", "sweep.repeats=3")} == {5, 6, 7}
 
 
 def test_repeats_give_the_same_jobs_as_explicit_seeds():
-    repeated = jobs(["precision=fp32,bf16", "sweep.repeats=3", "model=mlp"])
-    explicit = jobs(["precision=fp32,bf16", "trainer.seed=0,1,2", "model=mlp"])
-    assert repeated == explicit == [(m, s) for m in ("bf16", "fp32") for s in (0, 1, 2)]
+    repeated = jobs("precision=fp32,bf16", "sweep.repeats=3", "model=mlp")
+    explicit = jobs("precision=fp32,bf16", "trainer.seed=0,1,2", "model=mlp")
+    assert repeated == explicit
 
 
 def test_repeats_cross_the_sweep_an_experiment_file_adds():
     # experiment=precision_sweep sweeps six modes through hydra.sweeper.params
-    found = jobs(["experiment=precision_sweep", "sweep.repeats=2"])
+    found = jobs("experiment=precision_sweep", "sweep.repeats=2")
     assert len(found) == 12 and {s for _, s in found} == {0, 1}
 
 
 def test_one_repeat_changes_nothing():
-    assert repeat_overrides(["precision=fp32,bf16"]) == ([], [], 1)
-    assert repeat_overrides(["precision=fp32,bf16", "sweep.repeats=1"]) == ([], [], 1)
+    assert jobs("precision=fp32,bf16") == jobs("precision=fp32,bf16", "sweep.repeats=1")
+    assert len(jobs("precision=fp32,bf16")) == 2
 
 
 @pytest.mark.parametrize(
-    ("overrides", "multirun", "message"),
+    ("overrides", "message"),
     [
-        (["sweep.repeats=0"], True, "sweep.repeats=0 must be >= 1"),
-        (["sweep.repeats=-2"], True, "sweep.repeats=-2 must be >= 1"),
-        (["sweep.repeats=2,3"], True, "sweep.repeats cannot itself be swept"),
-        (["sweep.repeats=3", "trainer.seed=0,1"], True, "give sweep.repeats=3"),
-        (["sweep.repeats=three"], True, "sweep.repeats=three: expected an integer"),
-        (["sweep.repeat=3"], True, "did you mean sweep.repeats?"),
+        (["sweep.repeats=0"], "sweep.repeats=0 must be >= 1"),
+        (["sweep.repeats=-2"], "sweep.repeats=-2 must be >= 1"),
+        (["sweep.repeats=2,3"], "sweep.repeats cannot itself be swept"),
+        (["sweep.repeats=3", "trainer.seed=0,1"], "give sweep.repeats=3"),
+        (["sweep.repeats=three"], "sweep.repeats=three: expected an integer"),
+        (["sweep.repeat=3"], "did you mean sweep.repeats?"),
     ],
 )
-def test_bad_repeats_are_one_line(overrides, multirun, message):
-    with pytest.raises(ConfigError) as err:
-        repeat_overrides(overrides)
-    assert message in str(err.value) and "\n" not in str(err.value)
+def test_bad_repeats_are_one_line(overrides, message, main, store_uri):
+    result = main("train", "-m", *overrides, f"tracking.uri={store_uri}")
+    assert result.code == 2
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1, result.err
+    assert message in result.err and "Traceback" not in result.out + result.err
 
 
-def test_repeats_without_a_sweep_are_refused():
-    with pytest.raises(ConfigError, match=r"sweep.repeats=3 repeats .* add -m"):
-        validate_command(["sweep.repeats=3"], multirun=False)
+def test_repeats_without_a_sweep_are_refused(main):
+    result = main("train", "sweep.repeats=3")
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert "sweep.repeats=3 repeats the configurations of a sweep: add -m" in result.err
 
 
 def test_a_run_records_no_repeats_key():
