@@ -15,7 +15,7 @@ from torch import nn
 
 from ampsweep.app import api
 from ampsweep.engine.tasks import default_objective
-from ampsweep.measure.numerics import replay
+from ampsweep.measure.numerics import GradientCheck, replay
 from ampsweep.measure.probe import HookError
 from ampsweep.precision.modes import PrecisionConfig
 from ampsweep.precision.policy import build_policy
@@ -150,3 +150,19 @@ def test_locating_can_be_turned_off(on_path):
     res = api.train(example("model=flaky_net", "precision=bf16", "tracking=none",
                             "diagnostics.locate_nonfinite=false"))  # fmt: skip
     assert res.summary["numerics/nonfinite_steps"] == 0  # nothing read, nothing counted
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_the_gradient_check_flags_a_non_finite_value_in_any_dtype_and_changes_nothing(bad):
+    """One flag per device serves every dtype's group: a bad bf16 gradient beside good fp32
+    ones is found whichever group is checked last, and every gradient keeps its bits."""
+    check = GradientCheck()
+    good = [torch.randn(5), torch.randn(3, 2).bfloat16(), torch.randn(4)]
+    kept = [g.clone() for g in good]
+    assert not check.nonfinite(good)
+    assert all(torch.equal(g, k) for g, k in zip(good, kept, strict=True))
+    for i in range(len(good)):
+        grads = [g.clone() for g in good]
+        grads[i].view(-1)[0] = bad
+        assert check.nonfinite(grads), i
+        assert not check.nonfinite(good), i  # the flag is cleared for the next step
