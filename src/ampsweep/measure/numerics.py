@@ -296,7 +296,8 @@ class GradientCheck:
     def nonfinite(self, grads: list[torch.Tensor]) -> bool:
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for g in grads:
-            groups.setdefault((g.device, g.dtype), []).append(g)
+            values = g._values() if g.is_sparse else g  # a sparse gradient: its stored values
+            groups.setdefault((g.device, g.dtype), []).append(values)
         flags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         for (device, _), group in groups.items():
             if device not in flags:  # one flag per device, set by any of its dtypes' groups

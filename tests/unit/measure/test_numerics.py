@@ -166,3 +166,17 @@ def test_the_gradient_check_flags_a_non_finite_value_in_any_dtype_and_changes_no
         grads[i].view(-1)[0] = bad
         assert check.nonfinite(grads), i
         assert not check.nonfinite(good), i  # the flag is cleared for the next step
+
+
+def test_the_gradient_check_reads_a_sparse_gradient_by_its_values():
+    """An embedding with sparse gradients (SGD takes them): its stored values are checked."""
+    check = GradientCheck()
+    dense = torch.randn(3)
+    sparse = torch.sparse_coo_tensor(
+        [[0, 2]], torch.tensor([1.0, 2.0]), (4,), check_invariants=True
+    )
+    assert not check.nonfinite([dense, sparse])
+    bad = torch.sparse_coo_tensor(
+        [[0, 2]], torch.tensor([1.0, float("inf")]), (4,), check_invariants=True
+    )
+    assert check.nonfinite([dense, bad])
