@@ -164,6 +164,24 @@ class Totals:
 SCHEDULER_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before")
 
 
+def _schedule_step(schedule, first: bool) -> None:
+    """Step the schedule, quiet about the order above. PyTorch checks the order on the
+    schedule's first step only (a resumed schedule's step count comes from its checkpoint), so
+    only a run's first step pays for the warning filter (a few microseconds a step)."""
+    if not first:
+        schedule.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SCHEDULER_ORDER_WARNING)
+        schedule.step()
+
+
+def _weighted(loss: torch.Tensor, weight: float) -> torch.Tensor:
+    """What backward sees: the loss times ``loss_multiplier / grad_accum_steps``, without a
+    multiply (a kernel on the device, each micro-batch) where that is 1."""
+    return loss if weight == 1 else loss * weight
+
+
 def fit(
     s: Setup,
     log: LogFn,
@@ -218,7 +236,7 @@ def fit(
                     logits = model(x)
                     loss = objective(logits, y)
                 # Scale the loss so small fp16 gradients do not underflow (a no-op when off).
-                scaler.scale(loss * loss_weight).backward()
+                scaler.scale(_weighted(loss, loss_weight)).backward()
             totals.add_loss(loss)
             step_batches.append((x, y))
             step_losses.append(loss)
@@ -239,9 +257,7 @@ def fit(
             scaler.step(optimizer)
             scaler.update()  # dynamic: back off on inf, grow after growth_interval clean steps
             optimizer.zero_grad(set_to_none=True)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=SCHEDULER_ORDER_WARNING)
-                s.schedule.step()
+            _schedule_step(s.schedule, first=state.step == 0)
             state.step += 1
             timer.stop()
             totals.skipped += skipped

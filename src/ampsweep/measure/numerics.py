@@ -3,8 +3,9 @@
 ``NonfiniteLocator`` is a callback of the training loop (``engine.loop.fit``). At every
 optimizer step, after ``scaler.unscale_`` and before the update, it reads one flag: did this
 step's loss or gradients hold inf/NaN? With a GradScaler that flag is the scaler's own inf
-check, which ``scaler.step`` reads anyway; without one it is the loss and the gradients' total
-norm (one pass over the gradients, and one read of a scalar per step). Only on the first
+check, which ``scaler.step`` reads anyway; without one it is the same check run at a scale of
+1 (one fused pass over the gradients per device and dtype, which leaves them as they were),
+and the loss: a read of a scalar or two per step. Only on the first
 non-finite step does it do more: it replays the step's micro-batches at the weights they
 saw (the update has not been applied yet), in the run's autocast, at the run's loss scale,
 with hooks on every module, and names where the value began:
@@ -183,6 +184,7 @@ class NonfiniteLocator:
         self.origin: Origin | None = None
         self.nonfinite_steps = 0
         self._params: list[torch.Tensor] | None = None  # the model's, listed once
+        self._check = GradientCheck()
 
     def _grads(self, module: torch.nn.Module) -> list[torch.Tensor]:
         if self._params is None:
@@ -191,7 +193,7 @@ class NonfiniteLocator:
 
     def before_update(self, view) -> None:
         """After ``unscale_``, before clipping and the update (the loop's step view)."""
-        if not bool(_nonfinite(view, self._grads(view.module))):  # the one read per step
+        if not _nonfinite(view, self._grads(view.module), self._check):  # read once a step
             return
         self.nonfinite_steps += 1
         if self.origin is not None:
@@ -266,21 +268,52 @@ def _from_gradients(module: torch.nn.Module, losses: list[torch.Tensor]) -> Orig
                   bad_params=[n for n, _ in bad])  # fmt: skip
 
 
-def _nonfinite(view, grads: list[torch.Tensor]) -> torch.Tensor:
-    """Whether this step's loss or gradients held inf/NaN, as a 0-dim bool tensor. Each
-    finite step pays this, so it is a handful of kernels: with a scaler, its own inf check;
-    without, one norm per gradient (``torch._foreach_norm``, the kernel behind the public
-    ``torch.nn.utils.get_total_norm``, which costs twice as much here: checked on torch 2.14.1;
-    tests/unit/measure/test_numerics.py fails if it moves)
-    summed with the loss, which is non-finite if any of them is (or overflows)."""
-    losses = view.losses
-    loss = losses[0].detach() if len(losses) == 1 else torch.stack([x.detach() for x in losses])
+def _nonfinite(view, grads: list[torch.Tensor], check: GradientCheck) -> bool:
+    """Whether this step's loss or gradients held inf/NaN. Each finite step pays this, so it is
+    a handful of operations: with a scaler, its own inf check; without, ``check`` over the
+    gradients; then the loss (summed over the micro-batches), read. The gradients are checked
+    first and always: every rank takes part in FSDP's reduction of the flag, whatever its own
+    loss was."""
     if view.scaler.is_enabled():
-        return ~torch.isfinite(loss).all() | (view.skipped > 0)  # the scaler's own check
-    total = loss.float().sum()
-    if grads:
-        total = total + torch.stack(torch._foreach_norm(grads)).float().sum()
-    return ~torch.isfinite(total)
+        bad = view.skipped.item() > 0  # the scaler's own check, already made
+    else:
+        bad = check.nonfinite(grads)
+    losses = view.losses
+    loss = losses[0] if len(losses) == 1 else torch.stack([x.detach() for x in losses]).sum()
+    return bad or not math.isfinite(loss.item())  # the step's sync point (none on the CPU)
+
+
+class GradientCheck:
+    """Whether any gradient holds inf/NaN, in one pass: GradScaler's own check
+    (``torch._amp_foreach_non_finite_check_and_unscale_``, private: checked on torch
+    2.14.1, tests/unit/measure/test_numerics.py fails if it moves) at a scale of 1, so the gradients
+    are left as they were (x * 1 is x). One call per device and dtype, where a norm per
+    gradient and their sum cost 5x as much on the CPU (checked on torch 2.14); under FSDP,
+    DTensor reduces the flag over the ranks, as it does for GradScaler."""
+
+    def __init__(self):
+        self._flags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def nonfinite(self, grads: list[torch.Tensor]) -> bool:
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for g in grads:
+            values = g._values() if g.is_sparse else g  # a sparse gradient: its stored values
+            groups.setdefault((g.device, g.dtype), []).append(values)
+        flags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        for (device, _), group in groups.items():
+            if device not in flags:  # one flag per device, set by any of its dtypes' groups
+                flags[device] = self._flag(device)
+            flag, one = flags[device]
+            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)
+        return any(bool(flag) for flag, _ in flags.values())
+
+    def _flag(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device's flag, zeroed, and the scale of 1 (made once per device)."""
+        if device not in self._flags:
+            self._flags[device] = torch.zeros(1, device=device), torch.ones(1, device=device)
+        flag, one = self._flags[device]
+        flag.zero_()
+        return flag, one
 
 
 # ---------------------------------------------------------------- the replay

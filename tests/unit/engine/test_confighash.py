@@ -4,7 +4,7 @@ determines its result."""
 from __future__ import annotations
 
 from ampsweep.config.compose import load
-from ampsweep.engine.confighash import config_hash
+from ampsweep.engine.confighash import comparable, config_hash
 
 
 def test_recording_settings_leave_the_config_hash_alone():
@@ -23,3 +23,20 @@ def test_callbacks_leave_the_config_hash_alone():
     its finished runs."""
     hook = "trainer.callbacks=[{_target_: callbacks.RecordSteps, path: steps.jsonl}]"
     assert config_hash(load([hook])) == config_hash(load([]))
+
+
+def test_the_hash_follows_a_config_changed_after_it_was_asked():
+    """A job asks for its config's hash several times (computed once, by value): a config
+    changed in place between two asks gets the new hash, and changing it back the old one;
+    what ``comparable`` returns is the caller's own."""
+    cfg = load([])
+    base = config_hash(cfg)
+    cfg.trainer.seed += 1
+    assert config_hash(cfg) != base
+    cfg.trainer.seed -= 1
+    assert config_hash(cfg) == base
+    cfg.model.args["width"] = 2 * cfg.model.args["width"]
+    assert config_hash(cfg) != base
+    mine = comparable(cfg)
+    mine["trainer.seed"] = "99"
+    assert comparable(cfg)["trainer.seed"] != "99"

@@ -15,7 +15,7 @@ from torch import nn
 
 from ampsweep.app import api
 from ampsweep.engine.tasks import default_objective
-from ampsweep.measure.numerics import replay
+from ampsweep.measure.numerics import GradientCheck, replay
 from ampsweep.measure.probe import HookError
 from ampsweep.precision.modes import PrecisionConfig
 from ampsweep.precision.policy import build_policy
@@ -152,8 +152,31 @@ def test_locating_can_be_turned_off(on_path):
     assert res.summary["numerics/nonfinite_steps"] == 0  # nothing read, nothing counted
 
 
-def test_torch_still_has_the_fused_norm_the_nonfinite_check_uses():
-    # measure.numerics._nonfinite: torch's private multi-tensor norm (torch 2.14.1)
-    grads = [torch.tensor([3.0, 4.0]), torch.tensor([float("inf")])]
-    norms = torch._foreach_norm(grads)  # noqa: SLF001
-    assert norms[0].item() == 5.0 and norms[1].isinf()
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_the_gradient_check_flags_a_non_finite_value_in_any_dtype_and_changes_nothing(bad):
+    """One flag per device serves every dtype's group: a bad bf16 gradient beside good fp32
+    ones is found whichever group is checked last, and every gradient keeps its bits."""
+    check = GradientCheck()
+    good = [torch.randn(5), torch.randn(3, 2).bfloat16(), torch.randn(4)]
+    kept = [g.clone() for g in good]
+    assert not check.nonfinite(good)
+    assert all(torch.equal(g, k) for g, k in zip(good, kept, strict=True))
+    for i in range(len(good)):
+        grads = [g.clone() for g in good]
+        grads[i].view(-1)[0] = bad
+        assert check.nonfinite(grads), i
+        assert not check.nonfinite(good), i  # the flag is cleared for the next step
+
+
+def test_the_gradient_check_reads_a_sparse_gradient_by_its_values():
+    """An embedding with sparse gradients (SGD takes them): its stored values are checked."""
+    check = GradientCheck()
+    dense = torch.randn(3)
+    sparse = torch.sparse_coo_tensor(
+        [[0, 2]], torch.tensor([1.0, 2.0]), (4,), check_invariants=True
+    )
+    assert not check.nonfinite([dense, sparse])
+    bad = torch.sparse_coo_tensor(
+        [[0, 2]], torch.tensor([1.0, float("inf")]), (4,), check_invariants=True
+    )
+    assert check.nonfinite([dense, bad])
