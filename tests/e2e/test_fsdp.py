@@ -26,7 +26,7 @@ WORKER = textwrap.dedent(
     """
     import json, sys, torch
     sys.path.insert(0, sys.argv[3])
-    import test_e2e_fsdp as scenarios
+    from e2e import test_fsdp as scenarios
     from ampsweep.engine import distributed
     name, out = sys.argv[1], sys.argv[2]
     rank = distributed.from_env()
