@@ -39,6 +39,19 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 FOREIGN_ENV = ("MLFLOW_TRACKING_URI", "WORLD_SIZE", "RANK")
 
 
+def _module_fixture(item) -> bool:
+    """Whether ``item`` uses a module-scoped fixture of its own test module (a dry run of a
+    script, a browser, a server: built once per module and per worker process)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for defs in info.name2fixturedefs.values():
+        func = getattr(defs[-1], "func", None)
+        if defs[-1].scope == "module" and getattr(func, "__module__", "") == item.module.__name__:
+            return True
+    return False
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -48,6 +61,17 @@ def pytest_collection_modifyitems(config, items):
         # One SLURM cluster per test process: with parallel workers, keep its tests on one.
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm_cluster"))
+        # The tests of a module that share a module-scoped fixture run on one worker, which
+        # builds it once: scheduled one by one (--dist loadgroup), two workers would each
+        # build it (the GPU-day dry run alone takes over a minute). A test with a group keeps
+        # it (xdist joins two groups' names into a third group).
+        elif not any(item.iter_markers("xdist_group")) and _module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # The slow end-to-end tests first, the quick ones after them: the two workers start the
+    # long tests early and fill the end with short ones, so that they finish together instead
+    # of one waiting for a long test the other started last (a stable sort: the order within
+    # each part stays the files' order).
+    items.sort(key=lambda item: "slow" not in item.keywords)
 
 
 def pytest_collection_finish(session):

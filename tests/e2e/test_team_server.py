@@ -39,10 +39,13 @@ def _reader(proc: subprocess.Popen) -> queue.Queue[str]:
     return lines
 
 
-def _wait_for_ui(proc: subprocess.Popen, lines: queue.Queue[str], seen: list[str]) -> None:
-    """Until ``ampsweep ui`` says it serves (each line read kept in ``seen``)."""
+def _wait_for_ui(
+    proc: subprocess.Popen, lines: queue.Queue[str], seen: list[str], until: str = "MLflow UI: "
+) -> None:
+    """Until ``ampsweep ui`` prints a line starting with ``until`` (by default: it serves);
+    each line read is kept in ``seen``."""
     deadline = time.monotonic() + 180
-    while not any(x.startswith("MLflow UI: ") for x in seen):
+    while not any(x.lstrip().startswith(until) for x in seen):
         assert time.monotonic() < deadline and proc.poll() is None, seen
         try:
             seen.append(lines.get(timeout=1))
@@ -68,9 +71,7 @@ def test_allowed_hosts_let_another_name_in_and_keep_unknown_ones_out(tmp_path, e
         assert _status(port, f"mlflow.lab.example:{port}") == 200  # the name others use
         assert _status(port, f"127.0.0.1:{port}") == 200  # this machine still gets in
         assert _status(port, f"evil.example:{port}") == 403  # DNS rebinding stays refused
-        time.sleep(1)
-        while not lines.empty():
-            seen.append(lines.get())
+        _wait_for_ui(proc, lines, seen, until="Ctrl-C stops it.")  # its last line
         text = "".join(seen)
         assert f"other machines reach it as mlflow.lab.example:{port}" in text
         # The server's access log and warnings go to its log file, not over our lines.
@@ -111,9 +112,13 @@ def test_a_port_in_time_wait_is_free_to_listen_on():
 
 ADMIN_PASSWORD = "adm1n-e2e-password"
 PASSWORDS = {"alice": "alice-e2e-password", "bob": "bob-e2e-password1"}
+# No logged model and no system metrics: each file and each batch is a request, and the server
+# checks the password of every request (werkzeug's scrypt: 0.1 s of CPU each), while this test
+# is about who may write, not about what a run writes.
 TINY = ["model=mlp", "model.width=8", "trainer.epochs=1", "trainer.max_steps=4",
         "trainer.log_every=2", "trainer.progress=false", "trainer.timing_warmup_steps=1",
-        "diagnostics.every=0"]  # fmt: skip
+        "diagnostics.every=0", "tracking.log_model=false",
+        "tracking.system_metrics=false"]  # fmt: skip
 
 
 def _as(user: str | None) -> dict[str, str]:
@@ -125,7 +130,7 @@ def _as(user: str | None) -> dict[str, str]:
 
 
 def test_a_team_server_refuses_a_user_without_permission_and_records_one_with_it(
-    tmp_path, empty_store, monkeypatch
+    tmp_path, empty_store, monkeypatch, main
 ):
     """``ampsweep ui --team``: MLflow's basic-auth in front of the store. A user without EDIT
     on an experiment is refused in one line before anything trains, so is a command without
@@ -167,9 +172,12 @@ def test_a_team_server_refuses_a_user_without_permission_and_records_one_with_it
             ("alice", "error: tracking.experiment=team: user alice may not write to this "
                       f"experiment on {url}: ask its owner or the server's admin for EDIT"),
         ]:  # fmt: skip
-            refused = run_cli(train, tmp_path, env=_as(user), timeout=300)
-            assert refused.returncode == 2, refused.stderr[-2000:]
-            (line,) = refused.stderr.strip().splitlines()
+            with monkeypatch.context() as login:  # in this process: refused before training
+                for name, value in _as(user).items():
+                    login.setenv(name, value)
+                refused = main(*train)
+            assert refused.code == 2, refused.err[-2000:]
+            (line,) = refused.err.strip().splitlines()
             assert line.startswith(says), line
         sweep_args = ["train", "-m", *train[1:], "precision=fp32,bf16"]
         sweep = run_cli(sweep_args, tmp_path, env=_as("bob"), timeout=600)
