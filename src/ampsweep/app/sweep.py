@@ -17,7 +17,7 @@ from ampsweep.app import console
 from ampsweep.app.job import default_run_name
 from ampsweep.config.schema import Config, Tracker
 from ampsweep.report import render
-from ampsweep.report.sweeps import build_report, publish
+from ampsweep.report import sweeps as report_sweeps
 from ampsweep.tracking import store
 from ampsweep.tracking import sweep as sweeps
 from ampsweep.tracking.sweep import SweepInfo, SweepResult
@@ -82,10 +82,10 @@ def publish_report(info: SweepInfo) -> None:
     A report problem is reported, never allowed to change how the sweep ended."""
     try:
         client = store.client_for(info.uri)
-        rep = build_report(client, info.parent_run_id)
+        rep = report_sweeps.build_report(client, info.parent_run_id)
         console.console.print()
         render.print_table(rep, console.console)
-        publish(client, rep)
+        report_sweeps.publish(client, rep)
         console.console.print(
             f"report logged to the sweep's parent run {info.parent_run_id} "
             f"({info.name}) in {store.describe(info.uri)}"
