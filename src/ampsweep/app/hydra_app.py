@@ -13,6 +13,9 @@ import signal
 import sys
 from pathlib import Path
 
+# Private: Hydra has no public way to run multirun with a task function and get its errors
+# back, or to read its command line (hydra.main parses sys.argv itself); checked on
+# hydra-core 1.3.8, tests/unit/app/test_hydra_app.py fails if any of these moves.
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import _run_hydra as run_hydra_app
 from hydra._internal.utils import create_automatic_config_search_path, get_args_parser

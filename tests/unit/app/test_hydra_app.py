@@ -16,3 +16,19 @@ def test_the_command_line_is_read_by_hydras_own_parser(tmp_path, monkeypatch):
     assert parsed.overrides == ["precision=fp32,fp16", "++model.args.x=1"]
     assert hydra_app.informational(hydra_app.hydra_args(["--cfg", "job"]))
     assert not hydra_app.informational(parsed)
+
+
+def test_hydras_private_entry_points_that_ampsweep_calls_are_still_there():
+    # hydra-core 1.3.8: the only places these are defined (see app/hydra_app.py's imports)
+    import inspect
+
+    from hydra._internal import hydra as internal_hydra
+    from hydra._internal import utils
+
+    assert callable(internal_hydra.Hydra.create_main_hydra2)
+    assert {"task_function", "overrides"} <= set(
+        inspect.signature(internal_hydra.Hydra.multirun).parameters
+    )
+    assert callable(utils._run_hydra) and callable(utils.create_automatic_config_search_path)
+    parsed = utils.get_args_parser().parse_args(["-m", "precision=fp32"])
+    assert parsed.multirun and parsed.overrides == ["precision=fp32"]
