@@ -7,14 +7,10 @@ them, so ``--help`` and config errors answer at once.
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
-import importlib
-import os
 import sys
-import threading
 
 from ampsweep import __version__
+from ampsweep.app import startup
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,57 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
 
 
-# What the commands that train import: torch with its compiler (the optimizer imports it),
-# MLflow's store, Hydra. While they import, Python runs full garbage collections over the
-# growing heap that find nothing: about 1.1 s of the 5.5 s of CPU of a default `ampsweep train`
-# on 2 cores. Imported up front with the collector off, then frozen, no collection scans them.
-# MLflow's SQLite store is among them: the default store (a 1-step run 3.12 s with it here,
-# 3.33 s without), though runs with tracking=none or a server then import it for nothing (0.3 s).
-TRAINING_COMMANDS = ("train", "reproduce", "capacity", "doctor")
-PRELOAD = (
-    "torch", "torch._dynamo", "hydra", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
-    "ampsweep.engine.components", "ampsweep.tracking.sweep", "ampsweep.app.job",
-)  # fmt: skip
-
-
-def preload(argv: list[str]) -> None:
-    """Import what a training command needs with the garbage collector off, then freeze it."""
-    if not argv or argv[0] not in TRAINING_COMMANDS or "--usage" in argv:
-        return
-    from ampsweep.config.compose import HYDRA_INFO_FLAGS
-
-    if HYDRA_INFO_FLAGS & set(argv):  # printing the config or a help trains nothing
-        return
-    gc.disable()
-    try:
-        for name in PRELOAD:
-            importlib.import_module(name)
-    finally:
-        gc.freeze()
-        gc.enable()
-
-
 def run() -> None:
-    """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``,
-    then the interpreter's own way out minus its teardown.
-
-    When ``main()`` has returned, every run is ended, every file written and every child
-    process waited for. What CPython does next is, in order: join the non-daemon threads
-    (``threading._shutdown``, which also stops idle executor workers), call the exit handlers
-    (temporary folders removed, log handlers flushed), flush the standard streams, and then free
-    every module and object one by one, which after importing torch (with dynamo), MLflow's
-    store and Hydra takes about 1.4 s on a 2-core CPU: a quarter of a one-step run. The first
-    three are done here as CPython does them; the last is skipped with ``os._exit`` (mypy ends
-    the same way, for the same reason). An exception or SystemExit from ``main()`` takes
-    Python's usual way out.
-    """
-    preload(sys.argv[1:])
-    code = main()
-    threading._shutdown()  # what the interpreter calls first at exit  # noqa: SLF001
-    atexit._run_exitfuncs()  # noqa: SLF001
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BrokenPipeError:  # the reader went away (e.g. `ampsweep report | head`)
-        code = code or 1
-    os._exit(code)
+    """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``
+    between the start-up and the way out of ``app.startup``. ``main()`` itself, which the
+    Python API and the tests call in their own process, returns as before."""
+    startup.run(main, sys.argv[1:])
