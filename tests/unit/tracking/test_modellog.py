@@ -76,3 +76,12 @@ def test_installing_a_distribution_changes_the_environment_key(tmp_path, monkeyp
 def test_the_base_requirements_are_always_pinned(packages):
     names = [r.split("==")[0] for r in modellog.pinned_requirements(packages)]
     assert names == ["torch", "cloudpickle", "numpy"]
+
+
+def test_requirements_are_pinned_from_what_is_installed():
+    reqs = modellog.pinned_requirements({"torch", "torchvision", "ampsweep", "mynets"})
+    names = [r.split("==")[0] for r in reqs]
+    assert names == ["torch", "cloudpickle", "numpy", "torchvision"]
+    assert all("+" not in r for r in reqs)  # local labels (+cu130) are not on PyPI
+    # ampsweep's and a local module's classes travel inside the pickle instead
+    assert modellog.pickled_by_value({"torch", "ampsweep", "mynets"}) == {"ampsweep", "mynets"}
