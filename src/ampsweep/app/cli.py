@@ -1,7 +1,8 @@
 """The ``ampsweep`` command: train, report, reproduce, capacity, doctor, ui.
 
-Kept light at import time: torch and mlflow are imported only by the subcommands that need
-them, so ``--help`` and config errors answer at once.
+Kept light at import time: torch and MLflow are imported only by the subcommands that need
+them (a training command's are imported first by ``app.startup``), so ``--help`` answers at
+once.
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ import argparse
 import sys
 
 from ampsweep import __version__
-from ampsweep.app import startup
+from ampsweep.app import capacity, console, doctor, reproduce, startup, ui
+from ampsweep.app.train import cmd_train
+from ampsweep.config.schema import ConfigError
+from ampsweep.precision.modes import BASELINE, MODES
+from ampsweep.report import render, sweeps
+from ampsweep.report.sweeps import ReportError
+from ampsweep.tracking import store
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    from ampsweep.app import capacity, doctor, repair, reproduce
-    from ampsweep.precision.modes import BASELINE
-    from ampsweep.tracking import store
+    # Imported here, not at the top: it imports torch (through engine.checkpoint), which a
+    # training command must import after app.startup has turned the collector off (startup.py).
+    from ampsweep.app import repair
 
     reproduce.add_parser(sub)
     repair.add_parser(sub)
@@ -92,9 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _open_store(uri_arg: str | None):
     """A client for an existing store (a report must not create an empty one)."""
-    from ampsweep.report.sweeps import ReportError
-    from ampsweep.tracking import store
-
     uri = store.resolve_uri(uri_arg)
     path = store.sqlite_path(uri)
     if path is not None and not path.is_file():
@@ -107,17 +111,10 @@ def _open_store(uri_arg: str | None):
 
 
 def cmd_report(args) -> int:
-    from ampsweep.app import capacity, console
-    from ampsweep.config.schema import ConfigError
-    from ampsweep.precision.modes import MODES
-    from ampsweep.report import render, sweeps
-
     if args.baseline not in MODES:
         choices = ", ".join(MODES)
         console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {choices}")
         return 2
-    from ampsweep.tracking import store
-
     try:
         budget = capacity.parse_budget(args.memory_budget)
         client = _open_store(args.tracking_uri)
@@ -144,10 +141,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from ampsweep.app import console, ui
-    from ampsweep.config.schema import ConfigError
-    from ampsweep.tracking import store
-
     try:
         uri = store.resolve_uri(args.tracking_uri)
         return ui.serve(
@@ -165,8 +158,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     if argv[0] == "train":
-        from ampsweep.app.train import cmd_train
-
         return cmd_train(argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
