@@ -5,24 +5,24 @@ every torch optimizer imports when it is built), MLflow (with its SQLAlchemy sto
 and, after the command, in CPython's teardown of all of it. Three pieces cut that, each switched
 by a field of ``Startup`` so that ``scripts/bench_fixed_cost.py --startup`` measures a 1-step
 ``ampsweep train`` as a process with each one off in turn, paired and interleaved. What turning
-each one off cost there (CPU seconds, median of 3 rounds, tracked / ``tracking=none``, on a
-shared 2-core CPU on 2026-12-01; docs/benchmarks.md has the table):
+each one off cost there (seconds of wall time, median of 3 rounds, tracked / ``tracking=none``;
+a 2-core CPU, lightly shared, 2026-12-01; the CPU seconds agree; docs/benchmarks.md has it):
 
-- ``collector_off`` (+1.6 / +1.0 s): the modules a training command needs (``modules``) are
+- ``collector_off`` (+1.2 / +0.6 s): the modules a training command needs (``modules``) are
   imported up front with the garbage collector off. While they import, Python otherwise runs
   full collections over the growing heap that find nothing.
-- ``freeze`` (+1.3 / +0.3 s): then ``gc.freeze()`` moves all of it out of the collector's reach,
+- ``freeze`` (+1.05 / +0.5 s): then ``gc.freeze()`` moves all of it out of the collector's reach,
   so that no later collection in the run scans it (the collector is on again for the command).
-- ``fast_exit`` (+1.4 / +0.6 s): when the command has returned (runs ended, files written,
+- ``fast_exit`` (+0.2 / +0.1 s): when the command has returned (runs ended, files written,
   child processes waited for), the program does what CPython's exit does first, in its order
   (joins the non-daemon threads, runs the exit handlers, flushes the output), then ends with
   ``os._exit`` instead of freeing every module and object one by one (mypy ends the same way
   for the same reason). An exception or ``SystemExit`` from the command takes Python's usual
   way out.
 
-All three off cost +3.8 / +1.5 s. ``tracking=none`` on the command line leaves MLflow out of
+All three off cost +2.9 / +1.3 s. ``tracking=none`` on the command line leaves MLflow out of
 the up-front imports, and nothing a run with tracking off runs imports it (the recorder loads
-its MLflow modules on first use): 3.8 s of CPU for a 1-step run against 5.6 s tracked. The
+its MLflow modules on first use): a 1-step run in 2.5 s against 3.9 s tracked. The
 start-up reads only the command line: a config that turns tracking off some other way (an
 experiment file) still has MLflow imported up front.
 """
