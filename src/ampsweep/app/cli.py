@@ -1,20 +1,22 @@
 """The ``ampsweep`` command: train, report, reproduce, capacity, doctor, ui.
 
-Kept light at import time: torch and mlflow are imported only by the subcommands that need
-them, so ``--help`` and config errors answer at once.
+Kept light at import time: torch and MLflow are imported only by the subcommands that need
+them (a training command's are imported first by ``app.startup``), so ``--help`` answers at
+once.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
-import importlib
-import os
 import sys
-import threading
 
 from ampsweep import __version__
+from ampsweep.app import capacity, console, doctor, reproduce, startup, ui
+from ampsweep.config.schema import ConfigError
+from ampsweep.precision.modes import BASELINE, MODES
+from ampsweep.report import render, sweeps
+from ampsweep.report.sweeps import ReportError
+from ampsweep.tracking import store
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,9 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    from ampsweep.app import capacity, doctor, repair, reproduce
-    from ampsweep.precision.modes import BASELINE
-    from ampsweep.tracking import store
+    # Imported here, not at the top: it imports torch (through engine.checkpoint), which a
+    # training command must import after app.startup has turned the collector off (startup.py).
+    from ampsweep.app import repair
 
     reproduce.add_parser(sub)
     repair.add_parser(sub)
@@ -96,9 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _open_store(uri_arg: str | None):
     """A client for an existing store (a report must not create an empty one)."""
-    from ampsweep.report.sweeps import ReportError
-    from ampsweep.tracking import store
-
     uri = store.resolve_uri(uri_arg)
     path = store.sqlite_path(uri)
     if path is not None and not path.is_file():
@@ -111,17 +110,10 @@ def _open_store(uri_arg: str | None):
 
 
 def cmd_report(args) -> int:
-    from ampsweep.app import capacity, console
-    from ampsweep.config.schema import ConfigError
-    from ampsweep.precision.modes import MODES
-    from ampsweep.report import render, sweeps
-
     if args.baseline not in MODES:
         choices = ", ".join(MODES)
         console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {choices}")
         return 2
-    from ampsweep.tracking import store
-
     try:
         budget = capacity.parse_budget(args.memory_budget)
         client = _open_store(args.tracking_uri)
@@ -148,10 +140,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from ampsweep.app import console, ui
-    from ampsweep.config.schema import ConfigError
-    from ampsweep.tracking import store
-
     try:
         uri = store.resolve_uri(args.tracking_uri)
         return ui.serve(
@@ -168,75 +156,22 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
-    if argv[0] == "train":
-        from ampsweep.app.train import cmd_train
+    # Imported when used, as repair is above: app.train imports the engine (torch), which
+    # app.startup imports first with the collector off.
+    from ampsweep.app.train import cmd_train
 
+    if argv[0] == "train":
         return cmd_train(argv[1:])
     if argv[0].split("=")[0] in ("-sc", "--shell-completion"):
         # What the shell completion `ampsweep train -sc install=bash` installed calls back:
         # `ampsweep -sc query=bash`, with the line typed so far in COMP_LINE
-        from ampsweep.app.train import cmd_train
-
         return cmd_train(argv)
     args = parser.parse_args(argv)
     return args.func(args)
 
 
-# What the commands that train import: torch with its compiler (the optimizer imports it),
-# MLflow's store, Hydra. While they import, Python runs full garbage collections over the
-# growing heap that find nothing: about 1.1 s of the 5.5 s of CPU of a default `ampsweep train`
-# on 2 cores. Imported up front with the collector off, then frozen, no collection scans them.
-# MLflow's SQLite store is among them: the default store (a 1-step run 3.12 s with it here,
-# 3.33 s without), though runs with tracking=none or a server then import it for nothing (0.3 s).
-# torch._dynamo is private to torch, and what its optimizers import (torch 2.14.1; the public
-# torch.compiler does not import it): tests/unit/app/test_cli.py fails if it moves.
-TRAINING_COMMANDS = ("train", "reproduce", "capacity", "doctor")
-PRELOAD = (
-    "torch", "torch._dynamo", "hydra", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
-    "ampsweep.engine.components", "ampsweep.tracking.sweep", "ampsweep.app.job",
-)  # fmt: skip
-
-
-def preload(argv: list[str]) -> None:
-    """Import what a training command needs with the garbage collector off, then freeze it."""
-    if not argv or argv[0] not in TRAINING_COMMANDS or "--usage" in argv:
-        return
-    from ampsweep.app.hydra_app import hydra_args, informational
-
-    if argv[0] == "train" and informational(hydra_args(argv[1:])):
-        return  # printing the config or a help trains nothing
-    gc.disable()
-    try:
-        for name in PRELOAD:
-            importlib.import_module(name)
-    finally:
-        gc.freeze()
-        gc.enable()
-
-
 def run() -> None:
-    """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``,
-    then the interpreter's own way out minus its teardown.
-
-    When ``main()`` has returned, every run is ended, every file written and every child
-    process waited for. What CPython does next is, in order: join the non-daemon threads
-    (``threading._shutdown``, which also stops idle executor workers), call the exit handlers
-    (temporary folders removed, log handlers flushed), flush the standard streams, and then free
-    every module and object one by one, which after importing torch (with dynamo), MLflow's
-    store and Hydra takes about 1.4 s on a 2-core CPU: a quarter of a one-step run. The first
-    three are done here as CPython does them; the last is skipped with ``os._exit`` (mypy ends
-    the same way, for the same reason). An exception or SystemExit from ``main()`` takes
-    Python's usual way out.
-    """
-    preload(sys.argv[1:])
-    code = main()
-    # Private, with no public equivalent: what the interpreter itself calls at exit (checked
-    # on CPython 3.11; tests/unit/app/test_cli.py fails if they move).
-    threading._shutdown()  # noqa: SLF001
-    atexit._run_exitfuncs()  # noqa: SLF001
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BrokenPipeError:  # the reader went away (e.g. `ampsweep report | head`)
-        code = code or 1
-    os._exit(code)
+    """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``
+    between the start-up and the way out of ``app.startup``. ``main()`` itself, which the
+    Python API and the tests call in their own process, returns as before."""
+    startup.run(main, sys.argv[1:])

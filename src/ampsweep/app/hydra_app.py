@@ -27,31 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ampsweep.app import console, launcher, plan, scoped_env
 from ampsweep.app.job import CommandContext, TaskFunction
 from ampsweep.config import messages
-from ampsweep.config.compose import config_dir, normalise_overrides
+from ampsweep.config.compose import config_dir
 from ampsweep.config.schema import ConfigError, register_configs
-
-
-def hydra_args(args: list[str]) -> argparse.Namespace:
-    """The command line as Hydra's own parser reads it (its flags, -m, the overrides), the
-    config folders made absolute (Hydra reads a relative one relative to the module that calls
-    it, inside ampsweep, not the folder the user is in) and each ``<section>.args.<key>=v``
-    made Hydra's add-or-set."""
-    parser = get_args_parser()
-    parser.prog = "ampsweep train"  # a bad flag: argparse's usage line and exit 2
-    parsed = parser.parse_intermixed_args(args)  # overrides before and after the flags
-    for key in ("config_path", "config_dir"):
-        if getattr(parsed, key):
-            setattr(parsed, key, str(Path(getattr(parsed, key)).expanduser().resolve()))
-    parsed.overrides = normalise_overrides(parsed.overrides)
-    return parsed
-
-
-def informational(parsed: argparse.Namespace) -> bool:
-    """Hydra prints something (help, the config, completion) and trains nothing."""
-    return bool(
-        parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion
-        or parsed.experimental_rerun
-    )  # fmt: skip
 
 
 def run_hydra(parsed: argparse.Namespace, command: CommandContext) -> int:

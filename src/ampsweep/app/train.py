@@ -19,8 +19,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ampsweep.app import console, estimate, plan, scoped_env, slurm, sweep, trust
+from ampsweep.app.command_line import hydra_args, informational
 from ampsweep.app.context import EXIT_KILLED, CommandContext
-from ampsweep.app.hydra_app import hydra_args, informational, run_hydra
+from ampsweep.app.hydra_app import run_hydra
 from ampsweep.app.plan import PlannedJob
 from ampsweep.config.compose import (
     compose,

@@ -25,6 +25,7 @@ from ampsweep.measure.diagnostics import Diagnostics
 from ampsweep.measure.memory import reset_peak_memory
 from ampsweep.measure.numerics import NoLocator, NonfiniteLocator
 from ampsweep.measure.probe import LostUpdates
+from ampsweep.precision import modes
 from ampsweep.precision.policy import PrecisionPolicy, build_policy
 
 
@@ -251,8 +252,6 @@ def preflight(configs: list[Config]) -> None:
     The model is built on the meta device: no memory, no compute. ``configs``: with their
     components resolved (``components.resolve``, as a command's plan has them).
     Raises ConfigError."""
-    from ampsweep.precision import modes
-
     samples_of: dict[str, torch.Tensor] = {}
     for cfg in configs:
         mode = modes.get(cfg.precision.name)

@@ -12,10 +12,16 @@ the other ranks train, take part in the collectives, and record nothing.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import uuid
 from dataclasses import dataclass
+
+# torch is imported in the functions below, not here: app.job imports this module, and
+# `ampsweep train --help` or `--cfg job` (which train nothing) then answer without importing
+# torch (1.6 s of CPU on a 2-core CPU). A training command has it imported already
+# (app.startup's preload).
 
 
 @dataclass(frozen=True)
@@ -205,8 +211,6 @@ def launch(args: list[str], nproc: int) -> RankFailure | None:
     -m ampsweep train`` run the very same worker command; each worker sees RANK/WORLD_SIZE and
     does not launch again.
     """
-    import logging
-
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from ampsweep.config.messages import KIND_WORDS
 from ampsweep.config.schema import ConfigError
 
@@ -143,8 +145,6 @@ def _type_hints(fn: Callable) -> dict[str, Any]:
 def _typed(section: str, key: str, value: Any, hint: Any, default: Any) -> tuple[Any, str | None]:
     """``value`` converted to ``hint`` as OmegaConf converts config values (``"3"`` -> 3), or
     the one-line problem. Annotations OmegaConf cannot type are taken as they are."""
-    from omegaconf import OmegaConf
-
     try:
         # Optional: the node starts empty (None) before the value is assigned and converted.
         optional = typing.Optional[hint]  # noqa: UP045 - hint may be typing.Any (no | on 3.10)

@@ -28,10 +28,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ampsweep.config.schema import Config, ConfigError, Strategy
 from ampsweep.engine.distributed import uncompiled
+from ampsweep.measure.memory import dtype_name, model_memory
 from ampsweep.precision.modes import Dtype, FsdpPrecisionConfig, PrecisionConfig, PrecisionMode
 from ampsweep.precision.policy import TORCH_DTYPES
 
@@ -51,7 +54,6 @@ def wanted(cfg: Config) -> bool:
 
 
 def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
 
     return isinstance(uncompiled(model), FSDPModule)
 
@@ -133,7 +135,6 @@ def resolved_precision(pc: PrecisionConfig, mode: PrecisionMode) -> PrecisionCon
 
 def mixed_precision(pc: PrecisionConfig):
     """FSDP's policy from the resolved precision section (``resolved_precision``)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     f = pc.fsdp
     return MixedPrecisionPolicy(
@@ -145,7 +146,6 @@ def mixed_precision(pc: PrecisionConfig):
 def shard(model: nn.Module, cfg: Config) -> nn.Module:
     """``fully_shard`` each unit, then the root (in place: the model becomes an FSDPModule
     whose parameters are DTensor shards)."""
-    from torch.distributed.fsdp import fully_shard
 
     options = dict(
         mp_policy=mixed_precision(cfg.precision),
@@ -211,8 +211,6 @@ def held_memory(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]:
     """Bytes this rank holds, as ``measure.memory.model_memory`` counts them (its shards of the
     parameters, gradients and optimizer state), and ``gathered_<dtype>``: the unsharded
     parameters it holds at once while a step runs (``gathered_bytes``)."""
-    from ampsweep.measure.memory import dtype_name, model_memory
-
     held = model_memory(model, optimizer)
     dtype = TORCH_DTYPES[cfg.precision.fsdp.param_dtype.name]
     held[f"gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
@@ -223,8 +221,6 @@ def predicted_held(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]
     """What one of ``trainer.nproc`` ranks would hold of the unsharded ``model`` under FSDP:
     1/nproc of its parameters, gradients and optimizer state (FSDP shards every one evenly,
     up to padding), and the parameters it gathers at once (``gathered_bytes``)."""
-    from ampsweep.measure.memory import dtype_name, model_memory
-
     ranks = cfg.trainer.nproc
     held = {key: nbytes / ranks for key, nbytes in model_memory(model, optimizer).items()}
     dtype = TORCH_DTYPES[cfg.precision.fsdp.param_dtype.name]
@@ -235,6 +231,8 @@ def predicted_held(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]
 def full_module(model: nn.Module, skeleton: nn.Module, main: bool) -> nn.Module | None:
     """The whole trained model, unsharded, on rank 0's CPU (``None`` on the other ranks). A
     collective: every rank calls it."""
+    # torch.distributed.checkpoint here and below, not at the top: 0.05 s of CPU that every run
+    # would pay (this module is built into every run), for sharded runs only.
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -260,7 +258,6 @@ def save(folder: Path, name: str, model, optimizer, main: bool) -> None:
     """Write every rank's shards of the model and optimizer into ``folder/name`` (a DCP
     folder), atomically: written under a temporary name that rank 0 renames once every rank
     is done. A collective."""
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     target, tmp = folder / name, folder / f".{name}.tmp"
@@ -339,7 +336,6 @@ class ShardedCheckpoints:
 
 def agreed_folder(folder: Path) -> Path:
     """Rank 0's checkpoint folder, on every rank (the others have no run id to name it)."""
-    import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return folder
@@ -386,7 +382,6 @@ class GroupStop:
     all-reduce of one number), so a GPU run adds no device synchronisation per step."""
 
     def __init__(self, stop):
-        import torch.distributed as dist
 
         self.stop = stop
         self.group = dist.new_group(backend="gloo")
@@ -394,7 +389,6 @@ class GroupStop:
 
     @property
     def requested(self) -> bool:
-        import torch.distributed as dist
 
         self.flag.fill_(int(bool(self.stop.requested)))
         dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.group)

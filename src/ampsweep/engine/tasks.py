@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ampsweep.config.schema import Config, ConfigError
+from ampsweep.engine.losses import build_loss
 from ampsweep.engine.registry import Builder, Registry
 
 TASKS = Registry("task", provided=())
@@ -175,8 +176,6 @@ class Objective:
 
 
 def build_objective(cfg: Config, device: torch.device) -> Objective:
-    from ampsweep.engine.losses import build_loss
-
     task = TASKS.builder(cfg.task).fn(**cfg.task.args)
     return Objective(task, build_loss(cfg.loss, device))
 

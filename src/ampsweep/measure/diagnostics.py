@@ -44,6 +44,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -154,8 +155,6 @@ class Diagnostics:
 
     def log_artifacts(self, recorder) -> None:
         """Write the per-layer tables and log them under the run's ``diagnostics/`` folder."""
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
             for path in self.write_tables(Path(tmp)):
                 recorder.log_artifact(path, "diagnostics")

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from ampsweep.measure import capacity
+from ampsweep.measure.flops import cross_entropy
 
 MIB = 1024**2
 
@@ -119,8 +120,6 @@ def saved_bytes(module, x: torch.Tensor, y: torch.Tensor, policy, loss=None) -> 
     default cross-entropy) on ``(x, y)``, counted as on a run's first step (by dtype too),
     without touching the run's state: the parameters are detached leaves that share their
     memory, buffers are copies, the RNG is restored."""
-    from ampsweep.measure.flops import cross_entropy
-
     loss = loss or cross_entropy
     params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in module.named_parameters()}
     buffers = {n: b.clone() for n, b in module.named_buffers()}

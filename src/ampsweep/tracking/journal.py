@@ -105,6 +105,8 @@ def read(path: Path) -> tuple[dict, list[dict]]:
 
 def apply(client, run_id: str, op: dict) -> None:
     """Write one journal record into the store."""
+    # Imported here, not at the top: the recorder imports this module, and app.job the
+    # recorder, for tracking=none too, which then imports no MLflow (startup.py says why).
     from mlflow.entities import Metric, Param, RunTag
 
     kind = op["op"]

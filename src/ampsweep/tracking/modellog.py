@@ -27,6 +27,10 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+import cloudpickle
+from mlflow.models import infer_signature
+from mlflow.utils import requirements_utils as reqs
+
 # Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
 BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
 
@@ -39,8 +43,6 @@ def signature(snapshot) -> Any:
     """The model's signature: the whole input example's inputs, the outputs of its first rows
     (a model whose forward does not run on the CPU, e.g. a float8 model trained on a GPU, gets
     its inputs only)."""
-    from mlflow.models import infer_signature
-
     try:
         output = snapshot.predict(snapshot.example[:SIGNATURE_ROWS])
     except Exception:
@@ -111,8 +113,6 @@ def no_env_scan():
     in the process later infers requirements still gets the real map. If MLflow renames the
     map, nothing is skipped: a save merely takes longer. (Private to MLflow, with no public
     switch: checked on mlflow 3.17.2; tests/unit/tracking/test_modellog.py fails if it moves.)"""
-    from mlflow.utils import requirements_utils as reqs
-
     if getattr(reqs, "_MODULES_TO_PACKAGES", ...) is not None:
         yield  # computed already (cheap from now on), or not MLflow's layout any more
         return
@@ -126,8 +126,6 @@ def no_env_scan():
 @contextlib.contextmanager
 def classes_pickled_by_value(packages: set[str]):
     """cloudpickle pickles the classes of ``packages`` (already imported) by value inside."""
-    import cloudpickle
-
     modules = [sys.modules[p] for p in sorted(packages) if p in sys.modules]
     for m in modules:
         cloudpickle.register_pickle_by_value(m)

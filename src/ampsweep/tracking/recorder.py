@@ -6,32 +6,35 @@ not leak into the next. Metrics are buffered and written in batches, asynchronou
 ``tracking.metrics_flush_seconds`` (or ``metrics_flush_every`` log calls): a synchronous write
 into SQLite costs ~10 ms, and even an asynchronous one takes CPU from training.
 
-Besides numbers, a run records what MLflow users look for first: the data sets it saw
-(``log_inputs``), the machine's load while it trained (``start_system_metrics``: MLflow's
-``system/`` metrics, shown in the UI's System metrics tab), and the trained model
-(``log_model``: an MLflow model that ``mlflow.pytorch.load_model("runs:/<id>/model")`` loads).
-A ``RunCloser`` logs the model and ends a run, on a background thread where the next job can
-train meanwhile (the jobs of an in-process sweep).
+Besides numbers, a run records what MLflow users look for first, each in its own module: the
+data sets it saw (``log_inputs``: ``datasets``), the machine's load while it trained
+(``start_system_metrics``: ``system_metrics``) and the trained model (``log_model``:
+``logged_model``). A ``RunCloser`` logs the model and ends a run, on a background thread where
+the next job can train meanwhile (the jobs of an in-process sweep).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import logging
-import os
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ampsweep.config.schema import TrackingConfig
-from ampsweep.tracking import journal, modellog, store
+from ampsweep.tracking import journal, store
 from ampsweep.tracking.journal import Journal
 from ampsweep.tracking.secrets import mask_text, mask_values, masked_copy, secret_values
+from ampsweep.tracking.system_metrics import SystemMetrics
+
+if TYPE_CHECKING:
+    from ampsweep.tracking.datasets import DataInput
+    from ampsweep.tracking.logged_model import ModelSnapshot
 
 RETRY_S = 15.0  # while the store is down, how often a write tries it again
 
@@ -59,31 +62,6 @@ class NullRecorder:
     unsent = 0
 
 
-class DataInput(Protocol):
-    """One data set a run saw, as ``engine.fingerprint.DataInput`` describes it."""
-
-    name: str
-    digest: str
-    split: str  # train | val
-    source_type: str  # local | code
-    source: dict
-    rows: int
-    features: tuple[str, tuple[int, ...]]  # dtype, shape of one input
-    targets: tuple[str, tuple[int, ...]]
-
-
-class ModelSnapshot(Protocol):
-    """The trained model as ``engine.export.ModelSnapshot`` hands it over."""
-
-    module: Any  # a torch.nn.Module (torch is imported by mlflow.pytorch, not here)
-    example: Any  # numpy array: one batch of inputs
-
-    def predict(self, x) -> Any: ...
-
-    @property
-    def packages(self) -> set[str]: ...
-
-
 class MlflowRecorder:
     """One MLflow run: buffered async metrics, params, tags, artifacts, and its end."""
 
@@ -105,7 +83,8 @@ class MlflowRecorder:
         self._pending: list = []
         # The training thread and the system-metrics sampler both log metrics.
         self._lock = threading.Lock()
-        self._latest: dict[str, Any] = {}  # key -> the newest Metric logged (linked to a model)
+        # key -> the newest point logged, (key, value, timestamp, step): linked to the model
+        self._latest: dict[str, tuple[str, float, int, int]] = {}
         self._params: dict[str, str] = {}  # what log_params recorded (the logged model's too)
         self._system: SystemMetrics | None = None
         self._system_step = 0  # a resumed run continues its system metrics' steps
@@ -175,33 +154,28 @@ class MlflowRecorder:
                         rec._system_step = max(rec._system_step, m.step + 1)
         return rec
 
-    def log_params(self, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
+    # Params, tags and metrics travel as tuples (the journal's records), made into MLflow's
+    # entities only where they are written (journal.apply).
 
-        items = [Param(k, v[:6000]) for k, v in mask_values(params).items()]
-        self._params.update((p.key, p.value) for p in items)
+    def log_params(self, params: dict[str, Any]) -> None:
+        items = [(k, v[:6000]) for k, v in mask_values(params).items()]
+        self._params.update(items)
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self._send({"op": "params", "items": [(p.key, p.value) for p in items[i : i + 100]]})
+            self._send({"op": "params", "items": items[i : i + 100]})
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        from mlflow.entities import RunTag
-
-        items = [RunTag(k, v[: store.MAX_TAG_CHARS]) for k, v in mask_values(tags).items()]
+        items = [(k, v[: store.MAX_TAG_CHARS]) for k, v in mask_values(tags).items()]
         for i in range(0, len(items), 100):
-            self._send({"op": "tags", "items": [(t.key, t.value) for t in items[i : i + 100]]})
+            self._send({"op": "tags", "items": items[i : i + 100]})
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         batch = [
-            Metric(k, float(v), now, step)
-            for k, v in metrics.items()
-            if (k, step) not in self._logged
+            (k, float(v), now, step) for k, v in metrics.items() if (k, step) not in self._logged
         ]
         with self._lock:
             self._buffer.extend(batch)
-            self._latest.update((m.key, m) for m in batch)
+            self._latest.update((point[0], point) for point in batch)
             self._calls += 1
             # Few, large writes: each costs a transaction on a background thread, and on a
             # small machine that thread competes with training for the same cores.
@@ -214,8 +188,7 @@ class MlflowRecorder:
         self._last_write = time.monotonic()
         while self._buffer:
             chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
-            items = [(m.key, m.value, m.timestamp, m.step) for m in chunk]
-            self.journal.append({"op": "metrics", "items": items})
+            self.journal.append({"op": "metrics", "items": chunk})
             self._pending.append(self._writer.submit(self._drain))
 
     def flush(self) -> None:
@@ -287,31 +260,16 @@ class MlflowRecorder:
     # ------------------------------------------------------------ data sets
 
     def log_inputs(self, inputs: Iterable[DataInput]) -> None:
-        """Record the data sets the run saw (``mlflow.log_input``'s records, by run id): the
-        UI's Datasets column and the run page list them with their digests and contexts.
-        Only metadata is recorded, never the data."""
-        from mlflow.entities import Dataset, DatasetInput, InputTag
-        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+        """Record the data sets the run saw (``datasets``: metadata and digests, never the
+        data)."""
+        # Imported here, not at the top: MLflow's entities, and app.job imports this module
+        # for tracking=none too, which then imports no MLflow at all (bench_fixed_cost.py
+        # --startup, "tracking=none"). The same for the model's module below.
+        from ampsweep.tracking import datasets
 
-        records = []
-        for d in inputs:
-            schema = {"mlflow_tensorspec": {
-                "features": json.dumps([_tensor_spec("x", *d.features)]),
-                "targets": json.dumps([_tensor_spec("y", *d.targets)]),
-            }}  # fmt: skip
-            profile = {"num_rows": d.rows, "features_shape": [d.rows, *d.features[1]],
-                       "targets_shape": [d.rows, *d.targets[1]]}  # fmt: skip
-            dataset = Dataset(
-                name=d.name,
-                digest=d.digest,
-                source_type=d.source_type,
-                source=json.dumps(d.source),
-                schema=json.dumps(schema),
-                profile=json.dumps(profile),
-            )
-            context = CONTEXTS[d.split]
-            records.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
-            self._inputs[d.split] = (d.name, d.digest)
+        inputs = list(inputs)
+        records = datasets.records(inputs)
+        self._inputs.update((d.split, (d.name, d.digest)) for d in inputs)
         if not records:
             return
         # The jobs of a sweep log the same data sets at once, and MLflow looks for a data set
@@ -347,92 +305,30 @@ class MlflowRecorder:
         name: str = store.MODEL_NAME,
         tags: dict[str, str] | None = None,
     ) -> str:
-        """Log the trained model as an MLflow model of this run; its id (``m-...``).
+        """Log the trained model as an MLflow model of this run, with the run's params and the
+        metrics of ``step`` linked to it (``logged_model.log``); its id (``m-...``)."""
+        from ampsweep.tracking import logged_model  # MLflow's model code: see log_inputs
 
-        What ``mlflow.pytorch.log_model`` does, through this run's client and id rather than
-        MLflow's global tracking URI, experiment and active run (the jobs of a sweep share a
-        process, and this runs on a background thread): a LoggedModel is created in the run's
-        experiment, ``mlflow.pytorch.save_model`` writes it (pickle format, the one every
-        precision mode loads back; the input example of one batch and the signature; the pip
-        requirements pinned from what is installed, never inferred: ``modellog`` says why),
-        and its files are uploaded. The run's metrics of ``step`` are linked to the model."""
-        import mlflow.pytorch
-        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-        from mlflow.models import Model
-
-        signature = modellog.signature(snapshot)  # what it cannot compute, it leaves out
-        model = self.client.create_logged_model(
-            self.experiment_id,
-            name=name,
-            source_run_id=self.run_id,
-            params=self._params or None,
-            tags=mask_values(tags or {}) or None,
-        )
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = os.path.join(tmp, name)
-                info = Model(
-                    artifact_path=model.artifact_location,
-                    model_uuid=model.model_id,
-                    run_id=self.run_id,
-                    model_id=model.model_id,
-                )
-                by_value = modellog.pickled_by_value(snapshot.packages)
-                with modellog.classes_pickled_by_value(by_value), modellog.no_env_scan():
-                    mlflow.pytorch.save_model(
-                        snapshot.module,
-                        path,
-                        mlflow_model=info,
-                        signature=signature,
-                        input_example=snapshot.example,
-                        serialization_format="pickle",
-                        pip_requirements=modellog.pinned_requirements(snapshot.packages),
-                    )
-                self.client.log_model_artifacts(model.model_id, path)
-            self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
-            self._link_metrics(model.model_id, step)
-        except BaseException:
-            self.client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
-            raise
-        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
-        return model.model_id
+        link = functools.partial(self._link_metrics, step=step)
+        return logged_model.log(self.client, self.run_id, self.experiment_id, snapshot, step,
+                                name=name, params=self._params, tags=mask_values(tags or {}),
+                                link=link)  # fmt: skip
 
     def _link_metrics(self, model_id: str, step: int) -> None:
-        """The metrics logged at ``step`` (the run's final numbers) linked to the model: the
-        same points again with its id, which MLflow adds to the model's metrics and does not
-        store twice in the run's history."""
-        from mlflow.entities import Metric
+        """The metrics logged at ``step`` (the run's final numbers), once written, linked to
+        the model."""
+        from ampsweep.tracking import logged_model  # MLflow's model code: see log_inputs
 
         self.flush()
         with self._lock:
-            final = [m for m in self._latest.values() if m.step == step]
-        linked = []
-        for m in final:
-            if m.key.startswith(store.SYSTEM_PREFIX):
-                continue
-            # val/acc is measured on the validation set: the model's page says so
-            name, digest = self._inputs.get(m.key.split("/")[0], (None, None))
-            linked.append(Metric(m.key, m.value, m.timestamp, m.step, model_id, name, digest))
-        for i in range(0, len(linked), 1000):
-            self.client.log_batch(self.run_id, metrics=linked[i : i + 1000], synchronous=True)
+            final = [point for point in self._latest.values() if point[3] == step]
+        logged_model.link_metrics(self.client, self.run_id, model_id, final, self._inputs)
 
     def register_model(self, model_id: str, name: str) -> int:
         """A new version of the registered model ``name`` (created if new); its number."""
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+        from ampsweep.tracking import logged_model  # MLflow's model code: see log_inputs
 
-        try:
-            self.client.create_registered_model(name)
-        except MlflowException as err:
-            if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
-                raise
-        # The model's own location rather than models:/<id>: MLflow's registry resolves that
-        # through the global tracking URI, not this client's store.
-        location = self.client.get_logged_model(model_id).artifact_location
-        version = self.client.create_model_version(
-            name, source=location, run_id=self.run_id, model_id=model_id
-        )
-        return int(version.version)
+        return logged_model.register(self.client, self.run_id, model_id, name)
 
     def end(self, status: str, error: str | None = None) -> None:
         """Flush, tag the error if any, and set the final status. Safe to call twice."""
@@ -475,95 +371,6 @@ class MlflowRecorder:
     def unsent(self) -> int:
         """Records waiting in the journal for the store (0: the store has everything)."""
         return len(self.journal.pending)
-
-
-# ---------------------------------------------------------------- the model's files
-
-CONTEXTS = {"train": store.TRAINING, "val": store.VALIDATION}  # a split's MLflow context
-
-
-def _tensor_spec(name: str, dtype: str, shape: tuple[int, ...]) -> dict:
-    return {"name": name, "type": "tensor", "tensor-spec": {"dtype": dtype, "shape": [-1, *shape]}}
-
-
-class _PickleNotice(logging.Filter):
-    """mlflow.pytorch warns on every pickle-format save; ampsweep chose the format on
-    purpose (the README says why), so the warning is noise on every run's console."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Saving pytorch model by Pickle")
-
-
-logging.getLogger("mlflow.pytorch").addFilter(_PickleNotice())
-
-
-# ---------------------------------------------------------------- system metrics
-
-
-class SystemMetrics:
-    """The machine's load, sampled on a background thread with MLflow's own collectors (CPU
-    and memory; disk and network; every GPU NVML sees, when ``nvidia-ml-py`` is installed and
-    a driver answers) and logged as MLflow's ``system/...`` metrics, one step per sample.
-
-    Unlike ``mlflow.start_run(log_system_metrics=True)`` it logs through the run's own
-    buffered writer (no extra client polling the run), and takes a last sample when stopped,
-    so a run shorter than the interval still has its point."""
-
-    def __init__(self, log: Callable[[dict[str, float], int], None], interval: float, step=0):
-        self.log, self.interval, self.step = log, interval, step
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._monitors: list = []
-        self._ready = threading.Event()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ampsweep-system", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
-
-    def _run(self) -> None:
-        self._monitors = _collectors()  # NVML's start-up, off the training thread
-        while not self._stop.wait(self.interval):
-            self._sample()
-        self._sample()
-
-    def _sample(self) -> None:
-        values: dict[str, float] = {}
-        for monitor in self._monitors:
-            try:
-                monitor.collect_metrics()
-                values.update(monitor.aggregate_metrics())
-            except Exception:  # noqa: S112 - one failed reading must not end sampling
-                continue
-            finally:
-                monitor.clear_metrics()
-        if values:
-            self.log({store.SYSTEM_PREFIX + k: v for k, v in values.items()}, self.step)
-            self.step += 1
-
-
-def _collectors() -> list:
-    """MLflow's collectors available here; the GPU's only where NVML starts."""
-    import psutil
-    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
-    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
-    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
-
-    psutil.cpu_percent()  # the first reading only starts the count
-    monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
-    try:
-        from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
-
-        monitors.append(GPUMonitor())  # raises without nvidia-ml-py or without a GPU
-    except Exception:
-        pass
-    return monitors
 
 
 # ---------------------------------------------------------------- ending runs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,6 @@ class MaskedStream:
 
     @property
     def _stream(self):
-        import sys
-
         return getattr(sys, self._name)
 
     def write(self, text: str) -> int:

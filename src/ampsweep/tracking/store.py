@@ -8,8 +8,11 @@ so the recorder, sweeps, the report, ``ui`` and ``reproduce`` agree on them.
 from __future__ import annotations
 
 import errno
+import fcntl
+import logging
 import os
 import re
+import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -168,8 +171,6 @@ def is_sqlite_file(path: Path) -> bool:
     # 2.2), and a sweep checks its store per job while the last job's model is still being
     # written: two sweeps on one store then corrupted it. SQLite's own connections share
     # their locks.
-    import sqlite3
-
     try:
         con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1)
         try:
@@ -242,8 +243,6 @@ def prepare(uri: str) -> None:
     path = sqlite_path(uri)
     if path is None:
         return  # a server or database migrates itself (``mlflow db upgrade``)
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{path}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -256,8 +255,8 @@ def prepare(uri: str) -> None:
 
 
 def client_for(uri: str):
-    import logging
-
+    # Imported here, not at the top: every command imports this module (the parser's help
+    # texts), and --help, report's config errors and tracking=none import no MLflow.
     from mlflow import MlflowClient
 
     # MLflow logs store creation and migrations at INFO on the console; ampsweep says what

@@ -87,3 +87,12 @@ def test_mlflow_still_caches_its_module_to_package_map_where_no_env_scan_sets_it
     with modellog.no_env_scan():
         inside = reqs._MODULES_TO_PACKAGES  # noqa: SLF001
     assert inside == {} if before is None else inside is before
+
+
+def test_requirements_are_pinned_from_what_is_installed():
+    reqs = modellog.pinned_requirements({"torch", "torchvision", "ampsweep", "mynets"})
+    names = [r.split("==")[0] for r in reqs]
+    assert names == ["torch", "cloudpickle", "numpy", "torchvision"]
+    assert all("+" not in r for r in reqs)  # local labels (+cu130) are not on PyPI
+    # ampsweep's and a local module's classes travel inside the pickle instead
+    assert modellog.pickled_by_value({"torch", "ampsweep", "mynets"}) == {"ampsweep", "mynets"}

@@ -46,7 +46,7 @@ def load(cfg: DatasetConfig, task: str = "classification") -> Splits:
     checked and converted for ``task``."""
     builder = DATASETS.builder(cfg)
     if builder.target:
-        from ampsweep.engine.data.custom import load_target
+        from ampsweep.engine.data.custom import load_target  # custom imports this package
 
         return load_target(cfg, builder, task)
     return builder.fn(cfg, **cfg.args)

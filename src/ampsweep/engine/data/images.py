@@ -124,6 +124,8 @@ def _missing_files(cfg: DatasetConfig, root: str, download: bool, where: Path, e
 
 def _mnist_like(cfg: DatasetConfig, cls_name: str, stats: Stats, root: str, download: bool):
     """MNIST / Fashion-MNIST from the idx files torchvision keeps under <root>/<Class>/raw."""
+    # torchvision here and below, not at the top: only its data sets import it (the default
+    # digits run does not).
     from torchvision import datasets
 
     cls = getattr(datasets, cls_name)

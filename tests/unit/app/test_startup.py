@@ -1,0 +1,127 @@
+"""app/startup.py: what a training command imports up front (collector off, then frozen), and
+the program's way out once the command has returned."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+from conftest import cli_env
+
+from ampsweep.app import startup
+from ampsweep.app.startup import PRELOAD, PRELOAD_TRACKING, Startup
+
+
+def test_only_training_commands_import_up_front_and_untracked_ones_leave_mlflow_out():
+    for argv in (["report"], ["ui"], ["train", "--help"], ["train", "--cfg", "job"], []):
+        assert startup.modules(argv) == (), argv
+    assert startup.modules(["train", "precision=bf16"]) == PRELOAD + PRELOAD_TRACKING
+    untracked = startup.modules(["train", "tracking=none", "trainer.max_steps=1"])
+    assert untracked == PRELOAD and not any(name.startswith("mlflow") for name in untracked)
+
+
+def test_a_training_command_imports_its_modules_first_and_freezes_them():
+    gc.unfreeze()  # what this test process froze after collection
+    try:
+        for argv in (["report"], ["train", "--cfg", "job"]):
+            Startup().preload(argv)
+            assert gc.get_freeze_count() == 0, argv
+        Startup(freeze=False).preload(["train", "precision=bf16"])
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        Startup().preload(["train", "precision=bf16"])
+        assert gc.isenabled() and set(PRELOAD + PRELOAD_TRACKING) <= set(sys.modules)
+        assert gc.get_freeze_count() > 100_000  # torch, MLflow, Hydra: no collection scans them
+    finally:
+        gc.freeze()
+
+
+def test_without_the_fast_exit_the_program_takes_pythons_way_out():
+    with pytest.raises(SystemExit) as exit_:
+        startup.run(lambda: 3, ["report"], Startup(fast_exit=False))
+    assert exit_.value.code == 3
+
+
+# A command that leaves what the interpreter's exit normally settles: a non-daemon thread still
+# working, an idle executor worker, an exit handler, a temporary folder, and more output than a
+# pipe's buffer holds.
+PROGRAM = """
+import atexit, concurrent.futures, sys, tempfile, threading, time
+from pathlib import Path
+from ampsweep.app import cli
+
+out = Path(sys.argv[1])
+
+def main():
+    def late():
+        time.sleep(0.3)
+        (out / "thread").write_text("done")
+    threading.Thread(target=late).start()
+    concurrent.futures.ThreadPoolExecutor(1).submit(lambda: None).result()
+    atexit.register(lambda: (out / "atexit").write_text("ran"))
+    cli.kept = tempfile.TemporaryDirectory(dir=out)  # removed by its finalizer at exit
+    (Path(cli.kept.name) / "f").write_text("x")
+    sys.stdout.write("x" * 200_000 + "end")
+    return 3
+
+cli.main = main
+cli.run()
+"""
+
+
+def test_the_program_settles_threads_exit_handlers_and_output_before_it_ends(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(tmp_path)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == "x" * 200_000 + "end"
+    assert (tmp_path / "thread").read_text() == "done"  # joined, not cut off
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert {p.name for p in tmp_path.iterdir()} == {"thread", "atexit"}  # the temp folder is gone
+    assert "Traceback" not in res.stderr
+
+
+UNTRACKED_RUN = """
+import sys
+from ampsweep.app import cli, startup
+argv = ["train", "tracking=none", "trainer.max_steps=1", "trainer.progress=false"]
+startup.Startup().preload(argv)
+code = cli.main(argv)
+mlflow = sorted(m for m in sys.modules if m.startswith("mlflow"))
+print("exit", code, "mlflow imported:", mlflow[:3])
+"""
+
+
+@pytest.mark.slow
+def test_a_run_with_tracking_none_imports_no_mlflow(tmp_path):
+    res = subprocess.run([sys.executable, "-c", UNTRACKED_RUN], cwd=tmp_path, env=cli_env(),
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[-1] == "exit 0 mlflow imported: []"
+
+
+def test_the_interpreters_exit_steps_the_fast_exit_calls_are_still_there():
+    # Startup.exit calls what CPython calls at exit (private to threading and atexit, 3.11)
+    import atexit
+    import threading
+
+    assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)  # noqa: SLF001
+
+
+def test_every_module_the_start_up_imports_is_still_there():
+    import importlib.util
+
+    names = startup.PRELOAD + startup.PRELOAD_TRACKING  # torch._dynamo (private) too
+    assert all(importlib.util.find_spec(name) for name in names)
+
+
+def test_a_line_hydras_parser_refuses_or_a_help_imports_nothing_up_front():
+    assert startup.modules(["train", "--bogus"]) == ()
+    assert startup.modules(["train", "--cfg", "job"]) == ()
+    assert startup.modules(["doctor", "--help"]) == ()
+    assert startup.modules(["train", "--trust", "mypkg", "model=mine"])[0] == "torch"
