@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from ampsweep import __version__
-from ampsweep.app import capacity, console, doctor, reproduce, startup, ui
+from ampsweep.app import capacity, console, doctor, repair, reproduce, startup, ui
 from ampsweep.config.schema import ConfigError
 from ampsweep.precision.modes import BASELINE, MODES
 from ampsweep.report import render, sweeps
@@ -29,10 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "train", help="train one config, or sweep with -m (Hydra overrides follow)", add_help=False
     )
-    # Imported here, not at the top: it imports torch (through engine.checkpoint), which a
-    # training command must import after app.startup has turned the collector off (startup.py).
-    from ampsweep.app import repair
-
     reproduce.add_parser(sub)
     repair.add_parser(sub)
     capacity.add_parser(sub)
@@ -156,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
-    # Imported when used, as repair is above: app.train imports the engine (torch), which
+    # Imported when used: app.train imports the engine (torch), which
     # app.startup imports first with the collector off.
     from ampsweep.app.train import cmd_train
 
