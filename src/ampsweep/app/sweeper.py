@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,13 +77,22 @@ class AmpsweepSweeper(Sweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = with_repeats(parser.parse_overrides(given), self.config, parser)
         jobs = seed_major_jobs(overrides)
+        planned = Path(str(self.config.hydra.sweep.dir)).resolve()
+        made = [f for f in (planned, *planned.parents) if not f.exists()]  # what this sweep adds
         sweep_dir = self._claim_sweep_dir()
+        made = [sweep_dir, *made[1:]] if made or sweep_dir != planned else []  # "-2": new
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         size = self.max_batch_size or len(jobs)
         returns = []
         for start in range(0, len(jobs), size):
             batch = jobs[start : start + size]
-            returns.append(launch_checked(self.launcher, self._compose(batch, start), batch, start))
+            try:
+                composed = self._compose(batch, start)  # the command's checks refuse here
+            except BaseException:
+                if not returns:  # refused before any job: nothing of the sweep is left
+                    _remove_unused(made)
+                raise
+            returns.append(launch_checked(self.launcher, composed, batch, start))
         return returns
 
     def _compose(self, batch: list[list[str]], start: int) -> list[DictConfig]:
@@ -102,6 +112,19 @@ class AmpsweepSweeper(Sweeper):
             self.config.hydra.sweep.dir = str(sweep_dir)
             hydra_overrides.append(f"{SWEEP_DIR}={sweep_dir}")
         return sweep_dir
+
+
+def _remove_unused(made: list[Path]) -> None:
+    """The folders this sweep made (its sweep dir first, then the parents it created), when
+    no job ran in them: the sweep dir holds only multirun.yaml."""
+    if not made or {p.name for p in made[0].iterdir()} > {"multirun.yaml"}:
+        return
+    shutil.rmtree(made[0], ignore_errors=True)
+    for folder in made[1:]:  # outputs/multirun/<date>, ... while empty
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: another sweep's
+            break
 
 
 class AmpsweepLauncher(Launcher):

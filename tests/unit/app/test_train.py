@@ -280,7 +280,8 @@ def test_a_malformed_sweep_is_one_line(args, line, store_uri, main):
     assert all_runs(store_uri) == []
 
 
-def test_every_problem_of_a_sweep_is_said_before_its_parent_exists(store_uri, main):
+def test_every_problem_of_a_sweep_is_said_before_its_parent_exists(tmp_path, store_uri, main):
+    (tmp_path / "outputs").mkdir()  # a folder of the user's own stays
     args = ["trainer.batch_size=32,0", "optimizer.lr=-1,0.1", "precision=fp32,bf16"]
     result = main("train", "-m", *args, f"tracking.uri={store_uri}")
     assert result.code == 2, result.err
@@ -290,3 +291,5 @@ def test_every_problem_of_a_sweep_is_said_before_its_parent_exists(store_uri, ma
     assert any("optimizer.lr=-1.0 must be > 0" in ln for ln in lines)
     assert "Traceback" not in result.out + result.err
     assert all_runs(store_uri) == []  # no parent run, no child
+    assert (tmp_path / "outputs").is_dir()  # the user's folder stays, without a sweep folder
+    assert not any((tmp_path / "outputs").iterdir())
