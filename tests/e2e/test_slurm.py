@@ -377,7 +377,11 @@ def test_ctrl_c_on_the_sweep_cancels_its_jobs_which_end_their_runs_killed(
     tmp_path,
 ):
     exp = "slurm-interrupt"
-    args = [*LONG, f"trainer.checkpoint_dir={tmp_path / 'ckpt'}",
+    # Ten times LONG's epochs: the job is cancelled after its first checkpoint, so this costs
+    # nothing, but a fast CPU (1,100 steps in 2.7 s) could otherwise finish it before a test
+    # process starved by the other worker has seen that checkpoint.
+    longer = [a if not a.startswith("trainer.epochs=") else "trainer.epochs=500" for a in LONG]
+    args = [*longer, f"trainer.checkpoint_dir={tmp_path / 'ckpt'}",
             f"tracking.uri={tracking_server}", f"tracking.experiment={exp}"]  # fmt: skip
     sweep = _start(slurm_cluster, tmp_path, *args)
     try:
@@ -387,6 +391,7 @@ def test_ctrl_c_on_the_sweep_cancels_its_jobs_which_end_their_runs_killed(
             180,
             poll=0.1,
         )
+        assert sweep.poll() is None, "the sweep ended before its job's first checkpoint was seen"
         sweep.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = sweep.communicate(timeout=120)
     finally:
