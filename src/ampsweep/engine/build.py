@@ -59,7 +59,7 @@ class Setup:
     policy: PrecisionPolicy
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    schedule: torch.optim.lr_scheduler.LRScheduler
+    schedule: torch.optim.lr_scheduler.LRScheduler | optim.ConstantSchedule
     scaler: torch.amp.GradScaler
     train_batches: Batches
     val_batches: Batches

@@ -26,6 +26,18 @@ def test_no_schedule_is_constant():
     assert factors(OptimizerConfig(), 5) == [1.0] * 6
 
 
+def test_no_schedule_leaves_the_optimizer_as_it_is_and_takes_an_older_checkpoints_state():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    schedule = optim.build_schedule(OptimizerConfig(), opt, 10)
+    assert "step" not in vars(opt)  # a LambdaLR wraps the instance's step to count its calls
+    older = torch.optim.lr_scheduler.LambdaLR(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5), lambda step: 1.0
+    )
+    schedule.load_state_dict(older.state_dict())  # what a checkpoint from before holds
+    schedule.load_state_dict(schedule.state_dict())
+    assert schedule.get_last_lr() == [0.5] and opt.param_groups[0]["lr"] == 0.5
+
+
 def test_cosine_with_warm_up():
     # 4 warm-up steps over 12, floor 0.1: (k+1)/4 while warming up, then
     # 0.1 + 0.45 * (1 + cos(pi * (k - 4) / 8)).
