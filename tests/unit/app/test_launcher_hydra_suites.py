@@ -1,7 +1,9 @@
-"""app/hydra_launchers.py against Hydra's own test suites for launchers (the ones Hydra's
-plugins run): ``hydra/launcher=ampsweep_local`` and ``ampsweep_slurm``, the latter on the
-one-node SLURM cluster of tests/slurm_fixture.py. Their task functions are the suites', not
-ampsweep's: the launchers run any Hydra app.
+"""ampsweep's Hydra plugins against Hydra's own test suites for them (the ones Hydra's
+plugins run): the sweeper (``hydra/sweeper=ampsweep``, app/sweeper.py) in batches with its
+in-process launcher (``hydra/launcher=ampsweep``), and app/hydra_launchers.py's
+``hydra/launcher=ampsweep_local`` and ``ampsweep_slurm``, the latter on the one-node SLURM
+cluster of tests/slurm_fixture.py. Their task functions are the suites', not ampsweep's: the
+plugins run any Hydra app.
 
 Left out as near-duplicates (each case costs a launch: seconds, and an app's process for
 the integration suite; on SLURM a cluster job): ``test_sweep_1_job_strict`` runs the very code
@@ -20,7 +22,11 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from hydra.test_utils.launcher_common_tests import (
+    BatchedSweeperTestSuite,
+    IntegrationTestSuite,
+    LauncherTestSuite,
+)
 from hydra.version import VersionBase
 from packaging.version import Version
 from pytest import mark
@@ -67,6 +73,28 @@ def on_the_cluster(slurm_cluster, monkeypatch):  # noqa: F811
     """SLURM's commands talk to the test cluster (its env), here and in the suite's apps."""
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
+
+
+# ampsweep's sweeper, which composes each job once and hands the in-process launcher the
+# composed configs (``launch_composed``); in batches of 2, as Hydra tests its basic sweeper.
+SWEEPER = [SEARCH, "hydra/sweeper=ampsweep"]
+# The suites' version base (1.1) changes each job's working directory, which Hydra warns about
+# in the process that runs the job: here, the test's own.
+IN_PROCESS = mark.filterwarnings("ignore:Future Hydra versions will no longer change working")
+
+
+@IN_PROCESS
+@mark.parametrize(
+    "launcher_name, overrides", [("ampsweep", [*SWEEPER, "hydra.sweeper.max_batch_size=2"])]
+)
+class TestSweeperInBatches(BatchedSweeperTestSuite):
+    pass
+
+
+@IN_PROCESS
+@mark.parametrize("launcher_name, overrides", [("ampsweep", SWEEPER)])
+class TestSweeperAndInProcessLauncher(LauncherTestSuite):
+    test_sweep_1_job_strict = None
 
 
 @mark.parametrize("launcher_name, overrides", [("ampsweep_local", LOCAL)])
