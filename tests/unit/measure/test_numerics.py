@@ -1,7 +1,7 @@
-"""Where a run's first non-finite value began: the replay names the module, the kind and the
-format limit for each known defect (a forward overflow, a NaN weight gradient, a NaN input
-gradient, a loss of log(0)); a run records it (tags, artifact, console) and a divergence
-names it with its fix instead of the generic advice; finite steps locate nothing."""
+"""measure/numerics.py: a run records where its first non-finite value began (tags, artifact,
+console) and a divergence names it with its fix instead of the generic advice; finite steps
+locate nothing; the gradient check the locator reads each step. (The replay that names the
+place: test_replay.py.)"""
 
 from __future__ import annotations
 
@@ -10,90 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICK, REPO, Gain, all_runs
-from torch import nn
+from conftest import QUICK, REPO, all_runs
 
 from ampsweep.app import api
-from ampsweep.engine.tasks import default_objective
-from ampsweep.measure.numerics import GradientCheck, replay
-from ampsweep.measure.probe import HookError
-from ampsweep.precision.modes import PrecisionConfig
-from ampsweep.precision.policy import build_policy
+from ampsweep.measure.numerics import GradientCheck
 
-CPU = torch.device("cpu")
 EXAMPLE = REPO / "examples" / "doctor"
-
-
-class _NanBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.full_like(g, float("nan"))
-
-
-class NanWeightGrad(nn.Linear):
-    def forward(self, x):
-        return nn.functional.linear(x, _NanBackward.apply(self.weight), self.bias)
-
-
-class NanInputGrad(nn.Module):
-    def forward(self, x):
-        return _NanBackward.apply(x)
-
-
-def locate(model: nn.Module, mode: str = "fp32", weight: float = 1.0):
-    torch.manual_seed(0)
-    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
-    policy = build_policy(PrecisionConfig(name=mode), CPU)
-    return replay(model, x, y, policy, default_objective(), weight)
-
-
-def test_a_forward_overflow_in_fp16_names_the_module_its_value_and_the_limit():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), Gain(1e5), nn.LayerNorm(8), nn.Linear(8, 3))
-    origin = locate(model, "fp16")
-    assert (origin.kind, origin.module, origin.module_type, origin.dtype) == (
-        "forward", "1", "Gain", "fp16")  # fmt: skip
-    assert origin.limit == 65504.0 and origin.value > 65504.0
-    assert "beyond fp16's largest value 65504 (a forward overflow)" in origin.sentence()
-    assert origin.fix() == "precision.keep_fp32=[1], or precision=bf16 (fp32's range)"
-    assert locate(model, "bf16") is None  # bf16 has fp32's range: nothing to locate
-
-
-def test_a_nan_weight_gradient_names_that_parameter():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), NanWeightGrad(8, 8), nn.Linear(8, 3))
-    origin = locate(model)
-    assert (origin.kind, origin.module, origin.param) == ("weight_grad", "2", "2.weight")
-    assert "with finite input and output gradient" in origin.sentence()
-    assert origin.fix() == "precision.keep_fp32=[2]"
-
-
-def test_a_nan_input_gradient_names_the_module_whose_backward_made_it():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), NanInputGrad(), nn.Linear(8, 3))
-    origin = locate(model)
-    assert (origin.kind, origin.module, origin.consumers) == ("input_grad", "1", ["1"])
-    assert origin.fix() == "precision.keep_fp32=[1]"
-
-
-def test_a_loss_that_is_not_finite_from_finite_outputs_is_named_as_the_loss():
-    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
-    policy = build_policy(PrecisionConfig(name="fp32"), CPU)
-    log_of_zero = lambda out, y: out.mean() + torch.log(torch.zeros(()))  # noqa: E731
-    origin = replay(nn.Sequential(nn.Linear(4, 3)), x, y, policy, log_of_zero, 1.0)
-    assert origin.kind == "loss" and "the loss was not" in origin.sentence()
-    assert locate(nn.Sequential(nn.Linear(4, 3))) is None  # a finite step locates nothing
-
-
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
-def test_a_module_that_takes_no_hooks_is_named():
-    scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 3)))
-    with pytest.raises(HookError, match=r"takes no forward hook .*pass the eager model"):
-        locate(nn.Sequential(scripted))
 
 
 def example(*args: str) -> list[str]:
