@@ -80,7 +80,15 @@ def _start(cluster, tmp_path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ampsweep", "train", "-m", *ON_THIS_CLUSTER, *args], cwd=tmp_path,
         env=_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )  # fmt: skip
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """The sweep takes Ctrl-C as a command in a terminal does. A suite started in the
+    background (``.ci/run &``) has SIGINT ignored, as the shell does for background jobs; its
+    processes inherit that, and Python leaves an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _train(cluster, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -378,8 +386,7 @@ def test_ctrl_c_on_the_sweep_cancels_its_jobs_which_end_their_runs_killed(
 ):
     exp = "slurm-interrupt"
     # Ten times LONG's epochs: the job is cancelled after its first checkpoint, so this costs
-    # nothing, but a fast CPU (1,100 steps in 2.7 s) could otherwise finish it before a test
-    # process starved by the other worker has seen that checkpoint.
+    # nothing, and on a fast CPU (1,100 steps in 2.7 s) the job cannot end before the cancel.
     longer = [a if not a.startswith("trainer.epochs=") else "trainer.epochs=500" for a in LONG]
     args = [*longer, f"trainer.checkpoint_dir={tmp_path / 'ckpt'}",
             f"tracking.uri={tracking_server}", f"tracking.experiment={exp}"]  # fmt: skip
