@@ -15,8 +15,10 @@ from ampsweep.tracking import store as mlflow_store
 
 pytestmark = pytest.mark.slow
 
-SWEEP = ["precision=fp32,bf16", "sweep.repeats=2", "model=cnn", "trainer.epochs=1",
-         "trainer.max_steps=16", "trainer.batch_size=64", "trainer.log_every=4",
+# 200 steps: the kernel counts CPU time in ticks of 10 ms, so the timed span must be long
+# against them: 16 steps were 35 ms on a fast CPU, and read 84.98% busy against the 85% rule.
+SWEEP = ["precision=fp32,bf16", "sweep.repeats=2", "model=cnn", "trainer.epochs=10",
+         "trainer.max_steps=200", "trainer.batch_size=64", "trainer.log_every=20",
          "trainer.timing_warmup_steps=2", "trainer.progress=false",
          "diagnostics.every=0"]  # fmt: skip
 # A busy loop at the lowest priority: it takes every core the other processes leave idle (the
