@@ -74,9 +74,9 @@ def build_optimizer(
 
 class ConstantSchedule:
     """``schedule=none``: the optimizer's learning rate, never changed. A null object with the
-    methods the loop and the checkpoints use: a ``LambdaLR`` of 1.0 did the same in 10-15 us a
-    step (its ``step`` and the call counter it wraps around ``optimizer.step``), about 1% of a
-    small model's step on a CPU."""
+    methods the loop and the checkpoints use: a ``LambdaLR`` of 1.0 did the same in about 2 us
+    a step (its ``step`` and the call counter it wraps around ``optimizer.step``; measured hot,
+    2026-12-01), for nothing."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer

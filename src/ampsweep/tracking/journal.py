@@ -107,14 +107,14 @@ def apply(client, run_id: str, op: dict) -> None:
     """Write one journal record into the store."""
     # Imported here, not at the top: the recorder imports this module, and app.job the
     # recorder, for tracking=none too, which then imports no MLflow (startup.py says why).
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
 
     kind = op["op"]
     if kind == "metrics":
         metrics = [Metric(k, v, ts, step) for k, v, ts, step in op["items"]]
         client.log_batch(run_id, metrics=metrics, synchronous=True)
     elif kind == "tags":
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in op["items"]])
+        client.log_batch(run_id, tags=store.tag_entities(op["items"]))
     elif kind == "params":
         client.log_batch(run_id, params=[Param(k, v) for k, v in op["items"]])
     elif kind == "end":

@@ -254,6 +254,16 @@ def prepare(uri: str) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def tag_entities(items) -> list:
+    """``(key, value)`` pairs as MLflow's ``RunTag`` entities, values as strings, for
+    ``log_batch``."""
+    # Imported here, not at the top: every command imports this module, and a run with
+    # tracking=none then imports no MLflow at all (scripts/bench_fixed_cost.py).
+    from mlflow.entities import RunTag
+
+    return [RunTag(k, str(v)) for k, v in items]
+
+
 def client_for(uri: str):
     # Imported here, not at the top: every command imports this module (the parser's help
     # texts), and --help, report's config errors and tracking=none import no MLflow.

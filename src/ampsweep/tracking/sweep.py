@@ -23,16 +23,6 @@ from ampsweep.tracking.secrets import mask_values
 SWEEP_FILE = "ampsweep_sweep.json"
 
 
-def run_tags(tags: dict) -> list:
-    """``tags`` as MLflow's ``RunTag`` entities, values as strings, for ``log_batch``."""
-    # Imported here, not at the top: every training command imports this module (app.job), and
-    # a run with tracking=none then imports no MLflow at all (1.5 s of CPU on a 2-core CPU:
-    # scripts/bench_fixed_cost.py, "1-step, untracked").
-    from mlflow.entities import RunTag
-
-    return [RunTag(k, str(v)) for k, v in tags.items()]
-
-
 @dataclass
 class SweepInfo:
     parent_run_id: str
@@ -162,7 +152,7 @@ def end_lost_job(info: SweepInfo, job_id: str, status: str, why: str):
         return run
     client.log_batch(
         run.info.run_id,
-        tags=run_tags({store.ERROR: why, store.ENDED_BY: "the sweep's launcher"}),
+        tags=store.tag_entities({store.ERROR: why, store.ENDED_BY: "the sweep's launcher"}.items()),
     )
     client.set_terminated(run.info.run_id, status=status)
     return client.get_run(run.info.run_id)
@@ -222,7 +212,7 @@ def conclude(info: SweepInfo, interrupted: bool) -> SweepResult:
     }
     if missing:
         tags["jobs_missing"] = missing
-    client.log_batch(info.parent_run_id, tags=run_tags(tags))
+    client.log_batch(info.parent_run_id, tags=store.tag_entities(tags.items()))
     return SweepResult(status, runs, missing, n_skipped)
 
 
