@@ -1,7 +1,8 @@
 """``ampsweep train``: plan every job of the command, then run them through Hydra.
 
-The command line is read by Hydra's own parser. A single run is composed, checked and planned
-(``app.plan``) before Hydra runs it. A sweep is expanded by Hydra's sweeper (ampsweep's by
+The command line is read by Hydra's own parser. A single run is composed once, by Hydra's own
+loader (``app.hydra_app.composed_run``), then checked and planned (``app.plan``), then run by
+Hydra from that composition. A sweep is expanded by Hydra's sweeper (ampsweep's by
 default, any other with ``hydra/sweeper=...``), which composes each job once and hands each
 batch to this command's checks (``app.plan.SweepChecks``) before launching it: every
 problem is said before the sweep's parent run exists -> Hydra runs each job (``app.job``) as
@@ -21,15 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 from ampsweep.app import console, estimate, plan, scoped_env, slurm, sweep, trust
 from ampsweep.app.command_line import hydra_args, informational
 from ampsweep.app.context import EXIT_KILLED, CommandContext
-from ampsweep.app.hydra_app import run_hydra
+from ampsweep.app.hydra_app import SingleRun, composed_run, run_hydra
 from ampsweep.app.plan import PlannedJob
-from ampsweep.config.compose import (
-    compose,
-    config_dir,
-    saved_config_overrides,
-    search_entry,
-    searchpath_of,
-)
+from ampsweep.config.compose import config_dir, saved_config_overrides, search_entry
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import data, distributed
 from ampsweep.errors import FaultError
@@ -96,9 +91,29 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
             )
             return 2
         return run_sweep(parsed, command, args)
-    code, planned = validate(parsed.overrides, conf, name, record=rank.is_main, search=search)
-    if code:
-        return code
+    # Under torchrun every rank runs Hydra; only rank 0 keeps a run dir and .hydra/ files.
+    parsed.overrides += distributed.rank_overrides(rank)
+    try:
+        with composed_run(parsed) as single:
+            code, planned = validate(single.node, record=rank.is_main)
+            if code:
+                return code
+            return _run_single(single, planned, parsed, command, [*args, *saved])
+    except ConfigError as err:  # Hydra's, composing the command
+        console.error(str(err))
+        return 2
+
+
+def _run_single(
+    single: SingleRun,
+    planned: PlannedJob,
+    parsed: argparse.Namespace,
+    command: CommandContext,
+    args: list[str],
+) -> int:
+    """Run the single job as planned: here, through Hydra, or, for trainer.nproc>1, in the
+    processes of the command's ranks (each runs ``args`` again)."""
+    rank = distributed.from_env()
     nproc = planned.cfg.trainer.nproc
     if nproc > 1 and not rank.enabled:
         code = _check_data(planned.cfg)  # in the parent: a config error before any rank starts
@@ -107,17 +122,14 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         try:
             tags = json.dumps(command.extra_tags) if command.extra_tags else None
             with scoped_env.setenv(RANK_TAGS_ENV, tags):
-                # each worker runs this command again
-                failure = distributed.launch([*args, *saved], nproc)
+                failure = distributed.launch(args, nproc)  # each worker runs this command again
         except distributed.LaunchError as err:
             console.error(str(err))
             return 1
         return _rank_exit(failure, nproc)
-    # Under torchrun every rank runs Hydra; only rank 0 keeps a run dir and .hydra/ files.
-    parsed.overrides += distributed.rank_overrides(rank)
     command.planned[None] = planned  # the job runs as planned here
     try:
-        code = run_hydra(parsed, command)
+        code = run_hydra(parsed, command, composed=single)
         command.closer.wait()  # the run has ended (a no-op: single runs end at once)
         return _exit_code(command, code)
     except KeyboardInterrupt as err:
@@ -197,20 +209,17 @@ def _conf_of(parsed: argparse.Namespace) -> tuple[Path, str, list[str]]:
     return Path(parsed.config_path or config_dir()), name, search
 
 
-def validate(
-    overrides: list[str], conf: Path, name: str, record: bool = True, search=()
-) -> tuple[int, PlannedJob | None]:
-    """Compose, check and plan the job of a single-run command before anything runs; open
-    (create or migrate) its MLflow store once, here, before its ranks write to it."""
+def validate(node: DictConfig, record: bool = True) -> tuple[int, PlannedJob | None]:
+    """Type, check and plan the composed job of a single-run command before anything runs;
+    open (create or migrate) its MLflow store once, here, before its ranks write to it."""
     try:
-        cfg = compose(overrides, conf, name, search=[*search, *searchpath_of(overrides)])
-        repeats = cfg.sweep.repeats
+        repeats = node.sweep.repeats
         if repeats != 1:
             raise ConfigError(
                 f"sweep.repeats={repeats} repeats the configurations of a sweep: add -m, e.g. "
                 f"ampsweep train -m sweep.repeats={repeats} precision=fp32,bf16"
             )
-        (planned,) = plan.plan([plan.typed(cfg)], record)
+        (planned,) = plan.plan([plan.typed(node)], record)
     except ConfigError as err:
         console.error(str(err))
         return 2, None

@@ -174,12 +174,21 @@ def compose(
     except ConfigError:
         raise
     except Exception as err:  # Hydra/OmegaConf exceptions
+        raise composition_error(err, given, conf, config_name, search) from None
 
-        def keys_of(full_key: str) -> list[str]:
-            return _keys_beside(full_key, given, conf, config_name, search)
 
-        folders = [conf, *search_folders(search)]
-        raise ConfigError(messages.explain(err, given, folders, keys_of)) from None
+def composition_error(
+    err: Exception, overrides: list[str], conf: Path, config_name: str, search: Sequence[str]
+) -> ConfigError:
+    """Hydra's (or OmegaConf's) error composing ``overrides`` as one line: the override, the
+    value and the fix (``search``: the search path entries beside ``conf``)."""
+    given = [o for o in overrides if not _is_searchpath(o)]
+
+    def keys_of(full_key: str) -> list[str]:
+        return _keys_beside(full_key, given, conf, config_name, search)
+
+    folders = [Path(conf), *search_folders(search)]
+    return ConfigError(messages.explain(err, given, folders, keys_of))
 
 
 def _is_searchpath(override: str) -> bool:

@@ -84,7 +84,9 @@ def explain(
         options = group_options(group, conf) if conf else []
         hint = f": choose one of {', '.join(options)}" if options else ""
         return f"{group}={option}: no such option in config group '{group}'{hint}"
-    m = re.search(r"Could not find '([^']+)'", text)
+    m = re.search(r"Could not find '([^']+)'", text) or re.search(
+        r"Cannot find primary config '([^']+)'", text
+    )
     if m:
         return f"--config-name {m.group(1)}: no such config: check --config-path/--config-name"
     if "Key '" in cause_text and "not in" in cause_text:

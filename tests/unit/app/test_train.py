@@ -41,6 +41,9 @@ BAD = [
     (["trainer.callbacks=[{every: 3}]"], "trainer.callbacks[0]={'every': 3}: no _target_"),
     (["trainer.callbacks={_target_: callbacks.RecordSteps}"],
      "trainer.callbacks={_target_: callbacks.RecordSteps}: "),
+    (["--config-name", "nope"], "--config-name nope: no such config"),
+    (["--config-path", "{tmp}/nope"], "--config-path {tmp}/nope: no such folder"),
+    (["--config-dir", "{tmp}/nope"], "--config-dir {tmp}/nope: no such folder"),
 ]  # fmt: skip
 BAD_STORE = (["tracking.uri=sqlite:////no/such/folder/mlflow.db"], "tracking.uri=sqlite:////no")
 
@@ -197,39 +200,54 @@ def test_a_failing_job_fails_its_child_and_the_parent_not_the_sweep(store_uri, q
     assert all(k.info.status != "RUNNING" for k in kids)
 
 
-# ---------------------------------------------------------------- Hydra's compositions of a sweep
+# ---------------------------------------------------------------- how often a command composes
 
 
-@pytest.mark.parametrize("sweeper,compositions", [("ampsweep", 1), ("basic", 2)])
-def test_hydra_composes_each_job_once_to_run_it_after_ampsweeps_check(
-    store_uri, quick, main, monkeypatch, sweeper, compositions
-):
-    """Every composition of a sweep is counted, ampsweep's own and Hydra's: the sweep's own
-    config once (Hydra's multirun), then each job once with ampsweep's sweeper (the default),
-    which hands it to ampsweep's checks and then to the launcher as it is. Hydra's basic
-    sweeper composes each job once more, to check its batch."""
+@pytest.fixture
+def compositions(monkeypatch) -> list[list[str]]:
+    """The overrides of every composition of a config from here on, ampsweep's own compose
+    API (``config.compose``) and Hydra's runs alike: both go through Hydra's config loader."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    from ampsweep.config import compose
-
     composed: list[list[str]] = []
-    load, ours = ConfigLoaderImpl.load_configuration, compose.compose
+    load = ConfigLoaderImpl.load_configuration
 
     def counting(self, config_name, overrides, run_mode, *args, **kwargs):
         composed.append(list(overrides))
         return load(self, config_name, overrides, run_mode, *args, **kwargs)
 
-    def ampsweeps(*args, **kwargs):
-        composed.append(["ampsweep.config.compose"])
-        return ours(*args, **kwargs)
-
     monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counting)
-    monkeypatch.setattr(compose, "compose", ampsweeps)
+    return composed
+
+
+def test_a_single_run_is_composed_once_and_runs_as_composed(
+    store_uri, quick, main, compositions, tmp_path
+):
+    """Hydra's loader composes the run once; ampsweep plans that config and Hydra runs it in
+    its run dir (hydra.run.dir), with its .hydra/ files."""
+    run_dir = tmp_path / "the-run"
+    args = [*quick, "model=mlp", f"tracking.uri={store_uri}", f"hydra.run.dir={run_dir}"]
+    result = main("train", *args)
+    assert result.code == 0, result.err
+    assert len(compositions) == 1 and "model=mlp" in compositions[0], compositions
+    (run,) = all_runs(store_uri)
+    assert run.info.status == "FINISHED" and run.info.run_name == "fp32-mlp-digits"
+    assert "model=mlp" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+
+
+@pytest.mark.parametrize("sweeper,per_job", [("ampsweep", 1), ("basic", 2)])
+def test_hydra_composes_each_job_once_to_run_it_after_ampsweeps_check(
+    store_uri, quick, main, sweeper, per_job, compositions
+):
+    """Every composition of a sweep is counted: the sweep's own config once (Hydra's
+    multirun), then each job once with ampsweep's sweeper (the default), which hands it to
+    ampsweep's checks and then to the launcher as it is. Hydra's basic sweeper composes each
+    job once more, to check its batch."""
     args = ["precision=fp32,bf16", f"hydra/sweeper={sweeper}", f"tracking.uri={store_uri}"]
     result = main("train", "-m", *args, *quick, "model=mlp")
     assert result.code == 0, result.err
-    assert len(composed) == 1 + 2 * compositions, composed  # the sweep's, then each job's
-    assert {o for job in composed[1:] for o in job if o.startswith("precision=")} == {
+    assert len(compositions) == 1 + 2 * per_job, compositions  # the sweep's, then each job's
+    assert {o for job in compositions[1:] for o in job if o.startswith("precision=")} == {
         "precision=fp32",
         "precision=bf16",
     }
