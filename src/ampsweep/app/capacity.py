@@ -106,7 +106,7 @@ def measure(cfg: Config, budget: int | None, limit: int) -> dict:
     """Build one configuration, predict its largest batch, search it, record both."""
     import torch
 
-    from ampsweep.app.job import default_run_name
+    from ampsweep.app.context import default_run_name
     from ampsweep.engine import capacity
     from ampsweep.engine.build import build
 

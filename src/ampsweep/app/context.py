@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from ampsweep.config.schema import Config
 from ampsweep.tracking import store
 from ampsweep.tracking.recorder import RunCloser
 from ampsweep.tracking.sweep import SweepInfo
@@ -20,6 +21,11 @@ if TYPE_CHECKING:  # only named here: app.plan imports the engine, which costs t
     from ampsweep.app.plan import PlannedJob
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED = 2, 1, 130
+
+
+def default_run_name(cfg: Config) -> str:
+    """A run's name when ``tracking.run_name`` gives none (a sweep names its children so)."""
+    return f"{cfg.precision.name}-{cfg.model.name}-{cfg.dataset.name}"
 
 
 @dataclass

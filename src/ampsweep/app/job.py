@@ -14,9 +14,8 @@ The job's other parts: how it is stopped (``app.signals``), where it resumes fro
 (``app.resume``), how its run ends (``app.ending``) and what it records of its numerics
 (``app.numerics``).
 
-The modules that import torch (``engine.build`` and the rest of the engine) are imported inside
-the phases that need them: ``app.train`` imports this module, and it keeps torch out until the
-command is known to train (its own imports say where).
+This module imports the engine (and torch): what must start without torch (Hydra's plugin scan
+in any Hydra app, ``ampsweep report``) imports it only where it runs a job.
 """
 
 from __future__ import annotations
@@ -34,16 +33,21 @@ from ampsweep.app.context import (
     CommandContext,
     JobContext,
     JobOutcome,
+    default_run_name,
 )
 from ampsweep.app.ending import Ending
+from ampsweep.app.environment import git_state, run_tags, target_tags
 from ampsweep.app.plan import PlannedJob, plan_job
 from ampsweep.app.resume import Resuming, cluster_job_tag, replay_left
 from ampsweep.app.signals import StopRequest
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
-from ampsweep.engine import distributed
+from ampsweep.engine import callbacks, checkpoint, distributed, sharded
+from ampsweep.engine.build import build_planned, select_device
 from ampsweep.engine.confighash import config_hash, folder_for
+from ampsweep.engine.export import snapshot
 from ampsweep.engine.lease import NoLease
+from ampsweep.engine.loop import NoCheckpoints, fit
 from ampsweep.measure import contention
 from ampsweep.tracking import store
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder
@@ -77,10 +81,6 @@ class TaskFunction:
 
         done = [r.return_value for r in returns if r.status == JobStatus.COMPLETED]
         self.command.outcomes.extend(o for o in done if isinstance(o, JobOutcome))
-
-
-def default_run_name(cfg: Config) -> str:
-    return f"{cfg.precision.name}-{cfg.model.name}-{cfg.dataset.name}"
 
 
 def run_job(node, ctx: JobContext | None = None, command: CommandContext | None = None):
@@ -163,8 +163,6 @@ class Job(Resuming, Ending):
                 return self._skip(twin)
         setup = None
         if not refusal:
-            from ampsweep.engine.build import build_planned, select_device
-
             if self.rank.enabled:
                 distributed.init(self.rank, select_device(cfg.trainer.device).type)
             try:
@@ -226,10 +224,6 @@ class Job(Resuming, Ending):
             self.recorder.start_system_metrics(cfg.tracking.system_metrics_interval)
 
     def train(self, setup, ckpt: dict | None) -> dict:
-        from ampsweep.app.environment import run_tags
-        from ampsweep.engine import callbacks, checkpoint, sharded
-        from ampsweep.engine.loop import NoCheckpoints, fit
-
         cfg, recorder = setup.cfg, self.recorder
         tags = run_tags(setup.device)
         tags.update({f"{store.DATA_PREFIX}{k}": str(v) for k, v in setup.dataset_info.items()})
@@ -296,8 +290,6 @@ class Job(Resuming, Ending):
         self.recorder.log_metrics(metrics, step)
 
     def close(self, setup, summary: dict) -> JobOutcome:
-        from ampsweep.engine import sharded
-
         final_step = int(summary["train/steps"])
         summary.update(self.share.metrics())
         recorder = self.recorder
@@ -322,8 +314,6 @@ class Job(Resuming, Ending):
             if hydra_dir and hydra_dir.is_dir():
                 recorder.log_artifact(hydra_dir, ".hydra")
             if setup.cfg.tracking.log_model:
-                from ampsweep.engine.export import snapshot
-
                 model = snapshot(module, setup.val_batches)  # fp32, on the CPU, at once
         outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary,
                              history=self.history, config=as_dict(setup.cfg))  # fmt: skip
@@ -343,8 +333,6 @@ class Job(Resuming, Ending):
         self.command.outcomes.append(outcome)
 
     def _tags(self, cfg: Config) -> dict[str, str]:
-        from ampsweep.app.environment import git_state, target_tags
-
         tags = {
             store.PRECISION: cfg.precision.name,
             store.MODEL: cfg.model.name,

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ampsweep.app import console
-from ampsweep.app.job import default_run_name
+from ampsweep.app.context import default_run_name
 from ampsweep.config.schema import Config, Tracker
 from ampsweep.report import render
 from ampsweep.report import sweeps as report_sweeps

@@ -1,11 +1,15 @@
 """app/sweeper.py: ampsweep's Hydra sweeper runs the jobs seed-major (every mode of one seed,
 then the next), an experiment's own sweep params included; Hydra's whole sweep grammar works
 (glob() against the config groups, with exclude); a key given twice counts once, as in
-Hydra's own sweeper; a search's interval() is for a sweeper that searches."""
+Hydra's own sweeper; a search's interval() is for a sweeper that searches. Hydra's plugin scan
+finds ampsweep's plugins without importing torch."""
 
 from __future__ import annotations
 
-from conftest import sweep_jobs
+import subprocess
+import sys
+
+from conftest import cli_env, sweep_jobs
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from ampsweep.app.sweeper import seed_major_jobs
@@ -56,3 +60,22 @@ def test_an_interval_needs_a_sweeper_that_searches(main):
     assert result.code == 2 and result.err.count("\n") == 1, result.err
     assert "optimizer.lr=interval(0.0001,0.01): hydra/sweeper=ampsweep takes lists" in result.err
     assert "use hydra/sweeper=optuna" in result.err
+
+
+def test_hydras_plugin_scan_finds_ampsweeps_plugins_without_importing_torch():
+    """Hydra imports every plugin module at the start of any Hydra app in the environment
+    (ampsweep's, a user's own, each job of Hydra's test suites): ampsweep's plugins must not
+    cost it torch (2-3 s), nor MLflow."""
+    scan = (
+        "import sys\n"
+        "from hydra.core.plugins import Plugins\n"
+        "from hydra.plugins.launcher import Launcher\n"
+        "from hydra.plugins.sweeper import Sweeper\n"
+        "found = [p.__name__ for kind in (Sweeper, Launcher) for p in Plugins.instance()"
+        ".discover(kind)]\n"
+        "print(sorted(n for n in found if n.startswith('Ampsweep')))\n"
+        "print(sorted(m for m in ('torch', 'mlflow') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", scan], env=cli_env(), capture_output=True,
+                         text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert out == ["['AmpsweepLauncher', 'AmpsweepSweeper']", "[]"], out
