@@ -199,6 +199,7 @@ def measure_standalone(args, tmp: Path) -> tuple[dict[str, list[float]], list[fl
 
 # The phases of a run, as (module, attribute): each is timed, wherever it runs.
 PHASES = [
+    ("hydra._internal.hydra", "Hydra.compose_config"),
     ("ampsweep.app.train", "validate"), ("ampsweep.tracking.store", "prepare"),
     ("ampsweep.tracking.store", "client_for"),
     ("mlflow.store.tracking.sqlalchemy_store", "SqlAlchemyStore.__init__"),
