@@ -23,6 +23,11 @@ CORES = "perf/cpu_cores"  # the cores this process may run on
 # core on a 2-core machine) while all the cores together were at least FULL busy.
 OTHERS_SHARE = 0.25
 FULL = 0.85
+# The kernel counts CPU time in clock ticks (10 ms where USER_HZ is 100), so each reading is
+# off by up to a tick per core: over a timed span of 20 ticks (0.2 s) that is at most about 5%
+# of the machine. A shorter span (a few dozen fast steps) reads noise: a 35 ms span read the
+# machine 84.98% busy while spinners filled it. Its share is not logged, and not judged.
+MIN_SPAN_TICKS = 20
 
 
 def contended(used: float | None, others: float | None, cores: float | None) -> bool:
@@ -44,6 +49,15 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return psutil.cpu_count() or 1
+
+
+def min_span_s() -> float:
+    """The shortest timed span whose share of the machine is logged (``MIN_SPAN_TICKS``)."""
+    try:
+        ticks_per_s = os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: psutil's own clock
+        ticks_per_s = 100
+    return MIN_SPAN_TICKS / ticks_per_s
 
 
 def _busy_s() -> float:
@@ -88,10 +102,13 @@ class MachineShare:
 
     def metrics(self) -> dict[str, float]:
         """The cores this run and the others used per wall second while timed, and the
-        cores it may run on; nothing before a timed step was read."""
-        if self._start is None or self._last is None or self._last[0] <= self._start[0]:
+        cores it may run on; nothing before a timed step was read, or over a span too short
+        for the kernel's clock ticks (``min_span_s``)."""
+        if self._start is None or self._last is None:
             return {}
         wall = self._last[0] - self._start[0]
+        if wall < min_span_s():
+            return {}
         own = (self._last[1] - self._start[1]) / wall
         busy = (self._last[2] - self._start[2]) / wall
         return {CORES_USED: own, CORES_OTHERS: max(0.0, busy - own), CORES: float(self.cores)}
