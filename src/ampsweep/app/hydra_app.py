@@ -182,8 +182,8 @@ def composed_run(parsed: argparse.Namespace) -> Iterator[SingleRun]:
         search = [search_entry(parsed.config_dir)] if parsed.config_dir else []
         search += searchpath_of(parsed.overrides)
         raise composition_error(err, parsed.overrides, conf, name, search) from None
-    with open_dict(node.hydra):
-        node.hydra.mode = node.hydra.mode or RunMode.RUN  # as Hydra.run sets it
+    with open_dict(node.hydra):  # as Hydra.run sets it (MULTIRUN: the config asks for a sweep)
+        node.hydra.mode = node.hydra.mode or RunMode.RUN
     HydraConfig.instance().set_config(node)  # its ${hydra:...} resolve as in the job
     try:
         yield SingleRun(hydra, node, name)

@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 import ampsweep
-from ampsweep.app import console, estimate, numerics, slurm
+from ampsweep.app import console, environment, estimate, numerics, slurm
 from ampsweep.app.context import (
     CommandContext,
     JobContext,
@@ -36,18 +36,16 @@ from ampsweep.app.context import (
     default_run_name,
 )
 from ampsweep.app.ending import Ending
-from ampsweep.app.environment import git_state, run_tags, target_tags
 from ampsweep.app.plan import PlannedJob, plan_job
 from ampsweep.app.resume import Resuming, cluster_job_tag, replay_left
 from ampsweep.app.signals import StopRequest
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
-from ampsweep.engine import callbacks, checkpoint, distributed, sharded
+from ampsweep.engine import callbacks, checkpoint, distributed, loop, sharded
 from ampsweep.engine.build import build_planned, select_device
 from ampsweep.engine.confighash import config_hash, folder_for
 from ampsweep.engine.export import snapshot
 from ampsweep.engine.lease import NoLease
-from ampsweep.engine.loop import NoCheckpoints, fit
 from ampsweep.measure import contention
 from ampsweep.tracking import store
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder
@@ -225,7 +223,7 @@ class Job(Resuming, Ending):
 
     def train(self, setup, ckpt: dict | None) -> dict:
         cfg, recorder = setup.cfg, self.recorder
-        tags = run_tags(setup.device)
+        tags = environment.run_tags(setup.device)
         tags.update({f"{store.DATA_PREFIX}{k}": str(v) for k, v in setup.dataset_info.items()})
         tags["model.num_params"] = str(setup.num_params)
         tags.update(store.fp8_tags(setup.fp8.converted, setup.fp8.kept, setup.fp8.emulated))
@@ -235,7 +233,7 @@ class Job(Resuming, Ending):
             numerics.record_probe(self.recorder, setup)
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = folder_for(cfg, recorder.run_id)
-        checkpoints = NoCheckpoints()
+        checkpoints = loop.NoCheckpoints()
         if sharded.wanted(cfg):  # every rank writes its shards: one folder for all
             folder = sharded.agreed_folder(folder)
         weights = sharded.in_file if sharded.wanted(cfg) else None
@@ -269,7 +267,7 @@ class Job(Resuming, Ending):
         hooks = [*hooks, self.share, self._estimate(setup)]
         stop = sharded.GroupStop(self.stop) if sharded.is_sharded(setup.model) else self.stop
         with self.stop.deferred():  # a signal during training stops at a step boundary
-            return fit(setup, self._log, progress, state, checkpoints, stop, hooks)
+            return loop.fit(setup, self._log, progress, state, checkpoints, stop, hooks)
 
     def _estimate(self, setup) -> estimate.DurationEstimate:
         """Says once, after the first timed steps, how long this job and the sweep will take."""
@@ -338,7 +336,7 @@ class Job(Resuming, Ending):
             store.MODEL: cfg.model.name,
             store.DATASET: cfg.dataset.name,
             store.AMPSWEEP_VERSION: ampsweep.__version__,
-            **git_state(),
+            **environment.git_state(),
             **self.command.extra_tags,
         }
         if self.ctx.overrides:
@@ -348,4 +346,4 @@ class Job(Resuming, Ending):
         if self.ctx.job_num is not None:
             tags[store.JOB_NUM] = str(self.ctx.job_num)
         tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
-        return {**tags, **target_tags(cfg), **cluster_job_tag()}
+        return {**tags, **environment.target_tags(cfg), **cluster_job_tag()}

@@ -12,11 +12,13 @@ planned -> for a sweep, its report and the parent's end.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 from pathlib import Path
 
 import torch
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ampsweep.app import console, estimate, plan, scoped_env, slurm, sweep, trust
@@ -83,22 +85,36 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
     if code:
         return code
     parsed.overrides = [*overrides, *saved]
-    if parsed.multirun:
-        if rank.enabled:
-            console.error(
-                "-m under torchrun: a sweep cannot run inside one process group: run the sweep "
-                "with hydra/launcher=ampsweep_slurm trainer.nproc=N instead"
-            )
-            return 2
-        return run_sweep(parsed, command, args)
+    if not parsed.multirun:
+        code = _single(parsed, command, [*args, *saved])
+        if code is not None:
+            return code
+        parsed.multirun = True  # the config's own hydra.mode=MULTIRUN: Hydra sweeps it
+    if rank.enabled:
+        console.error(
+            "-m under torchrun: a sweep cannot run inside one process group: run the sweep "
+            "with hydra/launcher=ampsweep_slurm trainer.nproc=N instead"
+        )
+        return 2
+    return run_sweep(parsed, command, args)
+
+
+def _single(parsed: argparse.Namespace, command: CommandContext, args: list[str]) -> int | None:
+    """A command without -m: composed once, planned, run. None when its config asks for a
+    sweep itself (``hydra.mode: MULTIRUN``, e.g. in an experiment file), which Hydra runs as
+    if -m were given."""
+    rank = distributed.from_env()
+    single_run = copy.copy(parsed)
     # Under torchrun every rank runs Hydra; only rank 0 keeps a run dir and .hydra/ files.
-    parsed.overrides += distributed.rank_overrides(rank)
+    single_run.overrides = [*parsed.overrides, *distributed.rank_overrides(rank)]
     try:
-        with composed_run(parsed) as single:
+        with composed_run(single_run) as single:
+            if single.node.hydra.mode == RunMode.MULTIRUN:
+                return None
             code, planned = validate(single.node, record=rank.is_main)
             if code:
                 return code
-            return _run_single(single, planned, parsed, command, [*args, *saved])
+            return _run_single(single, planned, single_run, command, args)
     except ConfigError as err:  # Hydra's, composing the command
         console.error(str(err))
         return 2

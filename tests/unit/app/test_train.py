@@ -311,3 +311,22 @@ def test_every_problem_of_a_sweep_is_said_before_its_parent_exists(tmp_path, sto
     assert all_runs(store_uri) == []  # no parent run, no child
     assert (tmp_path / "outputs").is_dir()  # the user's folder stays, without a sweep folder
     assert not any((tmp_path / "outputs").iterdir())
+
+
+def test_a_config_that_asks_for_a_sweep_is_swept_without_m(tmp_path, store_uri, quick, main):
+    """``hydra.mode: MULTIRUN`` in a config (here an experiment file with its own sweep
+    params) makes the command a sweep, as in any Hydra app: a parent and a child per job."""
+    experiment = tmp_path / "conf" / "experiment" / "modes.yaml"
+    experiment.parent.mkdir(parents=True)
+    experiment.write_text(
+        "# @package _global_\n"
+        "hydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n      precision: fp32,bf16\n"
+    )
+    args = ["--config-dir", str(tmp_path / "conf"), "experiment=modes", "model=mlp", *quick]
+    result = main("train", *args, f"tracking.uri={store_uri}")
+    assert result.code == 0, result.err
+    runs = all_runs(store_uri)
+    (parent,) = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
+    kids = sorted(r.info.run_name for r in runs if store.PARENT in r.data.tags)
+    assert kids == ["bf16-mlp-digits", "fp32-mlp-digits"]
+    assert parent.info.status == "FINISHED"
