@@ -14,7 +14,7 @@ from hydra.types import RunMode
 
 from ampsweep.config.schema import Config
 from ampsweep.tracking import store
-from ampsweep.tracking.recorder import RunCloser
+from ampsweep.tracking.closer import RunCloser
 from ampsweep.tracking.sweep import SweepInfo
 
 if TYPE_CHECKING:  # only named here: app.plan imports the engine, which costs torch

@@ -11,6 +11,7 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.engine import distributed
 from ampsweep.measure import names
+from ampsweep.measure.probe import probe
 
 
 def record_origin(recorder, setup, failed: bool = False) -> None:
@@ -34,8 +35,6 @@ def record_origin(recorder, setup, failed: bool = False) -> None:
 def record_probe(recorder, setup) -> None:
     """diagnostics.numerics: the probe's ranges before training, as metrics at step 0,
     tags and the numerics/probe.json and .md artifacts."""
-    from ampsweep.measure.probe import probe  # torch: see app.job's note
-
     n = setup.cfg.diagnostics.numerics_batches
     batches = list(itertools.islice(setup.train_batches.epoch(0), n))
     found = probe(distributed.unwrap(setup.model), batches, setup.objective,

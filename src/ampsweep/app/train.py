@@ -30,7 +30,7 @@ from ampsweep.config.compose import config_dir, saved_config_overrides, search_e
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import data, distributed
 from ampsweep.errors import FaultError
-from ampsweep.tracking.recorder import RunCloser
+from ampsweep.tracking.closer import RunCloser
 
 TRAIN_HELP = """\
 usage: ampsweep train [-m] [GROUP=OPTION | KEY=VALUE ...] [Hydra flags]

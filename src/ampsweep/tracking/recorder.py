@@ -9,8 +9,8 @@ into SQLite costs ~10 ms, and even an asynchronous one takes CPU from training.
 Besides numbers, a run records what MLflow users look for first, each in its own module: the
 data sets it saw (``log_inputs``: ``datasets``), the machine's load while it trained
 (``start_system_metrics``: ``system_metrics``) and the trained model (``log_model``:
-``logged_model``). A ``RunCloser`` logs the model and ends a run, on a background thread where
-the next job can train meanwhile (the jobs of an in-process sweep).
+``logged_model``). A ``RunCloser`` (``tracking.closer``) logs the model and ends a run, on a
+background thread where the next job can train meanwhile (the jobs of an in-process sweep).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -371,36 +371,3 @@ class MlflowRecorder:
     def unsent(self) -> int:
         """Records waiting in the journal for the store (0: the store has everything)."""
         return len(self.journal.pending)
-
-
-# ---------------------------------------------------------------- ending runs
-
-
-class RunCloser:
-    """Finishes runs (log the model, link its metrics, register it, end the run) after their
-    training, in order, either at once or, with ``background``, on one background thread: in
-    an in-process sweep the next job then trains while the last one's model is written. A run
-    is FINISHED only once all of it is recorded; ``wait`` returns when every run handed over
-    has ended. Pickled (a launcher running jobs in other processes), it finishes at once."""
-
-    def __init__(self, background: bool = False):
-        self.background = background
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: list[Future] = []
-
-    def submit(self, finish: Callable[[], None]) -> None:
-        if not self.background:
-            finish()
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ampsweep-close")
-        self._pending.append(self._executor.submit(finish))
-
-    def wait(self) -> None:
-        """Until every run handed over has ended (each ``finish`` reports its own errors)."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-
-    def __getstate__(self) -> dict:
-        return {"background": False, "_executor": None, "_pending": []}

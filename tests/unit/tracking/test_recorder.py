@@ -5,14 +5,11 @@ when a background write failed."""
 from __future__ import annotations
 
 import json
-import pickle
-import threading
-import time
 from pathlib import Path
 
 from ampsweep.config.schema import TrackingConfig
 from ampsweep.tracking import journal, store
-from ampsweep.tracking.recorder import MlflowRecorder, RunCloser
+from ampsweep.tracking.recorder import MlflowRecorder
 
 
 def recorder(uri: str, **kw) -> MlflowRecorder:
@@ -125,27 +122,3 @@ def test_params_tags_and_artifacts_are_masked(store_uri, tmp_path, monkeypatch):
     summary = client.download_artifacts(rec.run_id, "summary.json", str(tmp_path / "d"))
     assert json.loads(Path(summary).read_text()) == {"name": "run-***"}
     assert secret in (hydra / "overrides.yaml").read_text()  # the local file is left as it was
-
-
-def test_a_closer_in_the_background_ends_runs_in_order_and_waits_for_them():
-    closer = RunCloser(background=True)
-    done, started = [], threading.Event()
-
-    def slow():
-        started.wait(5)
-        time.sleep(0.2)
-        done.append("first")
-
-    closer.submit(slow)
-    closer.submit(lambda: done.append("second"))
-    assert done == []  # submit returned at once
-    started.set()
-    closer.wait()
-    assert done == ["first", "second"]
-
-
-def test_a_closer_sent_to_another_process_ends_runs_at_once():
-    closer = pickle.loads(pickle.dumps(RunCloser(background=True)))
-    done = []
-    closer.submit(lambda: done.append(1))
-    assert done == [1] and not closer.background
