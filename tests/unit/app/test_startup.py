@@ -18,8 +18,9 @@ def test_only_training_commands_import_up_front_and_untracked_ones_leave_mlflow_
     for argv in (["report"], ["ui"], ["train", "--help"], ["train", "--cfg", "job"], []):
         assert startup.modules(argv) == (), argv
     assert startup.modules(["train", "precision=bf16"]) == PRELOAD + PRELOAD_TRACKING
-    untracked = startup.modules(["train", "tracking=none", "trainer.max_steps=1"])
-    assert untracked == PRELOAD and not any(name.startswith("mlflow") for name in untracked)
+    for off in ("tracking=none", "tracking.backend=none"):
+        untracked = startup.modules(["train", off, "trainer.max_steps=1"])
+        assert untracked == PRELOAD and not any(name.startswith("mlflow") for name in untracked)
 
 
 def test_a_training_command_imports_its_modules_first_and_freezes_them():
