@@ -90,7 +90,7 @@ def test_the_program_settles_threads_exit_handlers_and_output_before_it_ends(tmp
 UNTRACKED_RUN = """
 import sys
 from ampsweep.app import cli, startup
-argv = ["train", "tracking=none", "trainer.max_steps=1", "trainer.progress=false"]
+argv = ["train", sys.argv[1], "trainer.max_steps=1", "trainer.progress=false"]
 startup.Startup().preload(argv)
 code = cli.main(argv)
 mlflow = sorted(m for m in sys.modules if m.startswith("mlflow"))
@@ -99,8 +99,9 @@ print("exit", code, "mlflow imported:", mlflow[:3])
 
 
 @pytest.mark.slow
-def test_a_run_with_tracking_none_imports_no_mlflow(tmp_path):
-    res = subprocess.run([sys.executable, "-c", UNTRACKED_RUN], cwd=tmp_path, env=cli_env(),
+@pytest.mark.parametrize("off", ["tracking=none", "tracking.backend=none"])
+def test_a_run_with_tracking_off_imports_no_mlflow(off, tmp_path):
+    res = subprocess.run([sys.executable, "-c", UNTRACKED_RUN, off], cwd=tmp_path, env=cli_env(),
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.splitlines()[-1] == "exit 0 mlflow imported: []"
