@@ -106,7 +106,7 @@ def _multirun(parsed: argparse.Namespace, task: TaskFunction) -> int:
     try:
         # (hydra.mode: what hydra.main adds for -m, each job's HydraConfig says MULTIRUN)
         overrides = [*parsed.overrides, "hydra.mode=MULTIRUN"]
-        hydra.multirun(parsed.config_name or "config", task, overrides)
+        hydra.multirun(config_of(parsed)[1], task, overrides)
     except plan.Refused as refused:
         return refused.code
     except ConfigError as err:
@@ -118,6 +118,14 @@ def _multirun(parsed: argparse.Namespace, task: TaskFunction) -> int:
     finally:
         GlobalHydra.instance().clear()
     return 0
+
+
+def config_of(parsed: argparse.Namespace) -> tuple[Path, str, list[str]]:
+    """The primary config's folder, the config's name, and the user's config folder
+    (``--config-dir``: its group files sit beside ampsweep's) as a search path entry."""
+    name = parsed.config_name or "config"
+    search = [search_entry(parsed.config_dir)] if parsed.config_dir else []
+    return Path(parsed.config_path or config_dir()), name, search
 
 
 def _main_hydra(parsed: argparse.Namespace) -> Hydra:
@@ -170,22 +178,19 @@ def composed_run(parsed: argparse.Namespace) -> Iterator[SingleRun]:
     register_configs()
     launcher.register()
     version.setbase("1.3")  # as ampsweep's compose API (config.compose) composes
-    name = parsed.config_name or "config"
+    conf, name, search = config_of(parsed)
     hydra = _main_hydra(parsed)
     try:
-        node = hydra.compose_config(
-            name, parsed.overrides, run_mode=RunMode.RUN, with_log_configuration=True
-        )
-    except (HydraException, OmegaConfBaseException) as err:
-        GlobalHydra.instance().clear()
-        conf = Path(parsed.config_path or config_dir())
-        search = [search_entry(parsed.config_dir)] if parsed.config_dir else []
-        search += searchpath_of(parsed.overrides)
-        raise composition_error(err, parsed.overrides, conf, name, search) from None
-    with open_dict(node.hydra):  # as Hydra.run sets it (MULTIRUN: the config asks for a sweep)
-        node.hydra.mode = node.hydra.mode or RunMode.RUN
-    HydraConfig.instance().set_config(node)  # its ${hydra:...} resolve as in the job
-    try:
+        try:
+            node = hydra.compose_config(
+                name, parsed.overrides, run_mode=RunMode.RUN, with_log_configuration=True
+            )
+        except (HydraException, OmegaConfBaseException) as err:
+            search += searchpath_of(parsed.overrides)
+            raise composition_error(err, parsed.overrides, conf, name, search) from None
+        with open_dict(node.hydra):  # as Hydra.run sets it (MULTIRUN: the config asks to sweep)
+            node.hydra.mode = node.hydra.mode or RunMode.RUN
+        HydraConfig.instance().set_config(node)  # its ${hydra:...} resolve as in the job
         yield SingleRun(hydra, node, name)
     finally:
         GlobalHydra.instance().clear()
@@ -200,7 +205,7 @@ def hydra_error(err: Exception, parsed: argparse.Namespace, loader) -> str:
         fix = " (pip install 'ampsweep[optuna]' adds optuna)" if option == "optuna" else ""
         kind = group.split("/")[1]
         return f"{group}={option}: no such {kind}: choose one of {', '.join(options)}{fix}"
-    folders = [Path(parsed.config_path or config_dir())]
+    folders = [config_of(parsed)[0]]
     folders += [Path(parsed.config_dir)] if parsed.config_dir else []
     return messages.explain(err, parsed.overrides, folders)
 

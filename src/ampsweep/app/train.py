@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from ampsweep.app import console, estimate, plan, scoped_env, slurm, sweep, trust
 from ampsweep.app.command_line import hydra_args, informational
 from ampsweep.app.context import EXIT_KILLED, CommandContext
-from ampsweep.app.hydra_app import SingleRun, composed_run, run_hydra
+from ampsweep.app.hydra_app import SingleRun, composed_run, config_of, run_hydra
 from ampsweep.app.plan import PlannedJob
-from ampsweep.config.compose import config_dir, saved_config_overrides, search_entry
+from ampsweep.config.compose import config_dir, saved_config_overrides
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import data, distributed
 from ampsweep.errors import FaultError
@@ -78,7 +78,7 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         return 2
     if informational(parsed):
         return run_hydra(parsed, command)
-    conf, name, search = _conf_of(parsed)
+    conf, name, search = config_of(parsed)
     overrides = parsed.overrides
     saved = saved_config_overrides(conf, name, overrides)  # rerunning RUN_DIR/.hydra/config
     code = _check_saved_trust(conf, name, overrides, search, trusted)
@@ -215,14 +215,6 @@ def _check_nproc(nodes: list[DictConfig], configs: list[Config]) -> None:
 
 
 IN_PROCESS_LAUNCHERS = (".AmpsweepLauncher", ".BasicLauncher")
-
-
-def _conf_of(parsed: argparse.Namespace) -> tuple[Path, str, list[str]]:
-    """The primary config folder, the config's name, and the user's config folder
-    (``--config-dir``: its group files sit beside ampsweep's) as a search path entry."""
-    name = parsed.config_name or "config"
-    search = [search_entry(parsed.config_dir)] if parsed.config_dir else []
-    return Path(parsed.config_path or config_dir()), name, search
 
 
 def validate(node: DictConfig, record: bool = True) -> tuple[int, PlannedJob | None]:

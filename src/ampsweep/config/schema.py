@@ -426,9 +426,13 @@ def _fsdp_problems(cfg: Config) -> list[str]:
 
 
 def register_configs() -> None:
-    """Register the schema so YAML files under conf/ are validated against it."""
+    """Register the schema so YAML files under conf/ are validated against it (once: storing
+    it again converts the whole schema again, 15 ms, and every composition asks for it)."""
     from hydra.core.config_store import ConfigStore
 
+    store = ConfigStore.instance()
+    if "ampsweep_schema.yaml" in store.repo:  # (gone again when Hydra's singletons are reset)
+        return
     # Only the root is stored: conf/config.yaml lists it first in its defaults, so every group
     # file merges onto a typed node. (Group-level schemas would show up as selectable options.)
-    ConfigStore.instance().store(name="ampsweep_schema", node=Schema)
+    store.store(name="ampsweep_schema", node=Schema)
