@@ -17,6 +17,8 @@ schema migrations are a one-off cost, printed as "new store"):
   imports            python -c "import torch, mlflow, hydra": the floor of any run
   1-step run         ampsweep train trainer.max_steps=1, as a process       target <= 3.0 s
   1-step, untracked  the same with tracking=none                            (for comparison)
+  1-step, own model  the same tracked run of examples/shapes (its model and data set named by
+                     _target_, whose provenance the run records), from a copy of that folder
   new store          the 1-step run into a store that does not exist yet, less the 1-step run
   per job            of an in-process sweep of 1-step jobs, beyond training: (sweep of N jobs
                      - sweep of 1 job) / (N - 1), less a job's training (its perf/wall_s)
@@ -51,6 +53,7 @@ import functools
 import io
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,6 +149,11 @@ def measure_processes(args, tmp: Path) -> dict[str, list[float]]:
         results["1-step run"].append(timed(run, folder, "1-step run"))
         untracked = ampsweep("train", "tracking=none", *ONE_STEP)
         results["1-step, untracked"].append(timed(untracked, folder, "1-step, untracked"))
+        project = folder / "shapes"  # a user's project: their own model and data set
+        shutil.copytree(REPO / "examples" / "shapes", project)
+        own = ampsweep("train", "--config-dir", "conf", "model=shape_net", "dataset=shapes",
+                       f"tracking.uri={uri}", *ONE_STEP)  # fmt: skip
+        results["1-step, own model"].append(timed(own, project, "1-step, own model"))
         fresh = folder / "new_store"  # the store is created (and migrated) by the run
         fresh.mkdir()
         new = ampsweep("train", f"tracking.uri=sqlite:///{fresh / 'mlflow.db'}", *ONE_STEP)

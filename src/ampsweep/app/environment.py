@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import inspect
 import platform
 import subprocess
@@ -17,7 +16,7 @@ from ampsweep.app import estimate
 from ampsweep.config.schema import Config
 from ampsweep.engine.components import builders
 from ampsweep.precision import modes
-from ampsweep.tracking import store
+from ampsweep.tracking import installed, store
 
 
 def git_state(start: Path | None = None, own: bool = True) -> dict[str, str]:
@@ -56,10 +55,10 @@ def target_provenance(fn) -> dict[str, str]:
     out: dict[str, str] = {}
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     top = (getattr(module, "__name__", "") or "").split(".")[0]
-    dists = importlib.metadata.packages_distributions().get(top, [])
+    dists = installed.distributions_of(top)  # the map is read once per process
     if dists:
         dist = dists[0]
-        out["version"] = f"{dist} {importlib.metadata.version(dist)}"
+        out["version"] = f"{dist} {installed.version(dist)}"
     try:
         path = Path(inspect.getfile(module)).resolve() if module else None
     except TypeError:  # a built-in module has no file

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -30,6 +28,8 @@ from typing import Any
 import cloudpickle
 from mlflow.models import infer_signature
 from mlflow.utils import requirements_utils as reqs
+
+from ampsweep.tracking import installed
 
 # Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
 BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
@@ -50,30 +50,12 @@ def signature(snapshot) -> Any:
     return infer_signature(snapshot.example, output)
 
 
-def _installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def environment_key() -> tuple:
-    """What the installed distributions depend on, cheap to read: the interpreter and the
-    modification time of each folder on ``sys.path`` (installing, upgrading or removing a
-    distribution adds or removes a ``*.dist-info`` entry in its folder)."""
-    folders = []
-    for entry in sys.path:
-        with contextlib.suppress(OSError):
-            folders.append((entry, os.stat(entry or ".").st_mtime_ns))
-    return (sys.executable, sys.version, tuple(folders))
-
-
 def pickled_by_value(packages: Iterable[str]) -> set[str]:
     """Packages whose classes are pickled with the model, by value: ampsweep's own (not on
     PyPI) and any that is not an installed distribution (a user's local module), so the model
     loads where neither is importable. Classes of installed packages are pickled by reference
     and the packages pinned as requirements."""
-    return set(_by_value(frozenset(packages), environment_key()))
+    return set(_by_value(frozenset(packages), installed.environment_key()))
 
 
 def pinned_requirements(packages: Iterable[str]) -> list[str]:
@@ -82,12 +64,12 @@ def pinned_requirements(packages: Iterable[str]) -> list[str]:
     Versions are read from the installed distributions (local labels such as ``+cu128``
     dropped, so pip finds them), once per process and environment: the jobs of a sweep log
     the same packages, and so does a rerun."""
-    return list(_pins(frozenset(packages), environment_key()))
+    return list(_pins(frozenset(packages), installed.environment_key()))
 
 
 @functools.lru_cache(maxsize=64)
 def _by_value(packages: frozenset[str], environment: tuple) -> frozenset[str]:
-    own = {p for p in packages if p == "ampsweep" or _installed(p) is None}
+    own = {p for p in packages if p == "ampsweep" or installed.version(p) is None}
     # cloudpickle pickles __main__'s classes by value already
     return frozenset(own - {"__main__", "builtins"})
 
@@ -97,7 +79,7 @@ def _pins(packages: frozenset[str], environment: tuple) -> tuple[str, ...]:
     by_value = _by_value(packages, environment)
     out = []
     for name in dict.fromkeys([*BASE_REQUIREMENTS, *sorted(packages)]):
-        version = None if name in by_value else _installed(name)
+        version = None if name in by_value else installed.version(name)
         if version is not None:
             out.append(f"{name}=={version.split('+')[0]}")
     return tuple(out)
