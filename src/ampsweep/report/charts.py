@@ -1,4 +1,4 @@
-"""PNG charts of a sweep report (matplotlib, Agg backend: no display needed).
+"""PNG charts of a sweep report (matplotlib figures, drawn by its Agg renderer: no display).
 
 One figure per question: how fast (throughput, speed-up), how much memory (activations, GPU
 peak), how accurate (for language models: what perplexity), how training went (validation
@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+# Figures made without pyplot: saving one to PNG draws it with the Agg renderer, so no
+# display is needed, the process's matplotlib backend is left as it was (a notebook's too),
+# and pyplot's import (about half of matplotlib's, at the end of every sweep) is skipped.
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # before pyplot: headless, and never opens a window
-
-import matplotlib.pyplot as plt  # noqa: E402
-
-from ampsweep.precision.modes import color as _color  # noqa: E402
-from ampsweep.report import quality  # noqa: E402
-from ampsweep.report.model import Report, Row, is_number  # noqa: E402
-from ampsweep.tracking.store import FINISHED  # noqa: E402
+from ampsweep.precision.modes import color as _color
+from ampsweep.report import quality
+from ampsweep.report.model import Report, Row, is_number
+from ampsweep.tracking.store import FINISHED
 
 
 def _label(row: Row, rows: list[Row]) -> str:
@@ -66,10 +65,15 @@ def _x(value) -> str:
     return f"{value:.2f}x" if is_number(value) else ""
 
 
+def _figure(*grid: int, figsize: tuple[float, float], squeeze: bool = True):
+    """A figure and its axes, as ``pyplot.subplots`` returns them."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, squeeze=squeeze)
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -82,7 +86,7 @@ def throughput(report: Report, path: Path) -> Path | None:
     rows = [r for r in report.summary if is_number(r.samples_per_s)]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure(figsize=(8, 4.5))
     notes = [_x(r.speedup) + (" (emulated)" if r.emulated else "") for r in rows]
     _bars(ax, rows, [r.samples_per_s for r in rows], notes, "samples/s", "samples_per_s")
     ax.set_title(
@@ -96,7 +100,7 @@ def memory(report: Report, path: Path) -> Path | None:
     if not rows:
         return None
     peak = [r for r in rows if is_number(r.peak_mib)]
-    fig, axes = plt.subplots(1, 2 if peak else 1, figsize=(12 if peak else 8, 4.5), squeeze=False)
+    fig, axes = _figure(1, 2 if peak else 1, figsize=(12 if peak else 8, 4.5), squeeze=False)
     _bars(
         axes[0][0],
         rows,
@@ -123,7 +127,7 @@ def accuracy(report: Report, path: Path) -> Path | None:
     rows = [r for r in report.summary if is_number(r.val_acc)]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure(figsize=(8, 4.5))
     notes = [f"{r.acc_delta * 100:+.1f} pt" if is_number(r.acc_delta) else "" for r in rows]
     _bars(ax, rows, [r.val_acc for r in rows], notes, "validation accuracy", "val_acc")
     low = min(r.val_acc for r in rows)
@@ -136,7 +140,7 @@ def capacity(report: Report, path: Path) -> Path | None:
     rows = [r for r in report.summary if is_number(r.max_batch)]
     if not rows or not report.budget:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure(figsize=(8, 4.5))
     notes = [_x(r.max_batch_ratio) for r in rows]
     _bars(ax, rows, [r.max_batch for r in rows], notes, "samples per step", "max_batch")
     ax.set_title(
@@ -149,7 +153,7 @@ def perplexity(report: Report, path: Path) -> Path | None:
     rows = [r for r in report.rows if is_number(r.val_ppl)]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure(figsize=(8, 4.5))
     _bars(ax, rows, [r.val_ppl for r in rows], [_x(r.ppl_ratio) for r in rows],
           "validation perplexity (lower is better)")  # fmt: skip
     unigram = next((r.unigram_ppl for r in rows if is_number(r.unigram_ppl)), None)
@@ -167,7 +171,7 @@ def _curves(report: Report, key: str, path: Path, title: str, ylabel: str, log: 
     rows = {r.run_id: r for r in report.rows}
     # With repeats, one line per run in its mode's colour, the legend naming each mode once.
     group_of = {m: s for s in report.summary for m in s.members}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure(figsize=(8, 4.5))
     labelled = set()
     for run in runs:
         steps, values = zip(*sorted(run.history[key]), strict=True)
@@ -202,7 +206,7 @@ def time_to_quality(report: Report, path: Path) -> Path | None:
     rows = {r.run_id: r for r in report.rows}
     group_of = {m: s for s in report.summary for m in s.members}
     metric = quality.metric_of(runs[0])
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure(figsize=(8, 4.5))
     labelled = set()
     for run in runs:
         points = sorted(run.timeline.get(metric, []), key=lambda e: e[2])

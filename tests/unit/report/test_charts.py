@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 from ampsweep.report import sweeps
 from unit.report.test_rows import run
 
@@ -26,3 +32,24 @@ def test_charts_are_written_as_png(tmp_path):
     ]
     for p in made:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_charts_leave_the_processs_matplotlib_backend_alone(tmp_path):
+    """A notebook that reports a sweep keeps its own backend: charts are drawn without pyplot
+    (checked in a fresh process, where nothing else imported pyplot first)."""
+    code = textwrap.dedent(f"""
+        import sys, matplotlib
+        from pathlib import Path
+        matplotlib.use("svg")
+        from ampsweep.report import charts, sweeps
+        from unit.report.test_rows import run
+        runs = [run("fp32", acc=0.9, sps=10.0, act=4.0), run("bf16", acc=0.9, sps=12.0, act=2.0)]
+        report = sweeps.make_report({{"run_id": "p"}}, runs)
+        made = charts.write_charts(report, Path({str(tmp_path)!r}))
+        assert made and matplotlib.get_backend() == "svg", matplotlib.get_backend()
+        assert "matplotlib.pyplot" not in sys.modules
+    """)
+    tests = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
