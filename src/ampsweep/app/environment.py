@@ -55,7 +55,7 @@ def target_provenance(fn) -> dict[str, str]:
     out: dict[str, str] = {}
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     top = (getattr(module, "__name__", "") or "").split(".")[0]
-    dists = installed.distributions_of(top)  # the map is read once per process
+    dists = installed.distributions_of(top)  # read once per package and process
     if dists:
         dist = dists[0]
         out["version"] = f"{dist} {installed.version(dist)}"
