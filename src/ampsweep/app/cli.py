@@ -152,16 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
-    # Imported when used: app.train imports the engine (torch), which
-    # app.startup imports first with the collector off.
-    from ampsweep.app.train import cmd_train
+    # What the shell completion `ampsweep train -sc install=bash` installed calls back:
+    # `ampsweep -sc query=bash`, with the line typed so far in COMP_LINE
+    completion = argv[0].split("=")[0] in ("-sc", "--shell-completion")
+    if argv[0] == "train" or completion:
+        # Imported here: app.train imports the engine (torch), which app.startup imports
+        # first with the collector off; report, ui and repair never import torch.
+        from ampsweep.app.train import cmd_train
 
-    if argv[0] == "train":
-        return cmd_train(argv[1:])
-    if argv[0].split("=")[0] in ("-sc", "--shell-completion"):
-        # What the shell completion `ampsweep train -sc install=bash` installed calls back:
-        # `ampsweep -sc query=bash`, with the line typed so far in COMP_LINE
-        return cmd_train(argv)
+        return cmd_train(argv if completion else argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -107,6 +107,24 @@ def test_a_run_with_tracking_off_imports_no_mlflow(off, tmp_path):
     assert res.stdout.splitlines()[-1] == "exit 0 mlflow imported: []"
 
 
+STORE_COMMAND = """
+import sys
+from ampsweep.app import cli
+code = cli.main(sys.argv[1:])
+print("exit", code, "torch imported:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("command", ["report", "repair"])
+def test_the_commands_that_read_the_store_import_no_torch(command, tmp_path, store_uri):
+    """``ampsweep report`` and ``repair`` read MLflow's store only: importing torch (2.5 s,
+    through the train command's modules) would double their time."""
+    argv = [command, "--tracking-uri", store_uri]
+    res = subprocess.run([sys.executable, "-c", STORE_COMMAND, *argv], cwd=tmp_path,
+                         env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.stdout.splitlines()[-1].endswith("torch imported: False"), res.stderr[-2000:]
+
+
 def test_the_interpreters_exit_steps_the_fast_exit_calls_are_still_there():
     # Startup.exit calls what CPython calls at exit (private to threading and atexit, 3.11)
     import atexit
