@@ -52,15 +52,16 @@ def signature(snapshot) -> Any:
 
 def pickled_by_value(packages: Iterable[str]) -> set[str]:
     """Packages whose classes are pickled with the model, by value: ampsweep's own (not on
-    PyPI) and any that is not an installed distribution (a user's local module), so the model
-    loads where neither is importable. Classes of installed packages are pickled by reference
-    and the packages pinned as requirements."""
+    PyPI) and any that no installed distribution provides (a user's local module), so the
+    model loads where neither is importable. Classes of installed packages are pickled by
+    reference and their distributions pinned as requirements."""
     return set(_by_value(frozenset(packages), installed.environment_key()))
 
 
 def pinned_requirements(packages: Iterable[str]) -> list[str]:
     """``name==version`` of what loading the model needs: torch, cloudpickle, numpy and the
-    installed packages its classes come from (torchvision, timm, transformers, torchao...).
+    installed distributions its classes come from (torchvision, timm, transformers, torchao;
+    scikit-learn for ``sklearn``...).
     Versions are read from the installed distributions (local labels such as ``+cu128``
     dropped, so pip finds them), once per process and environment: the jobs of a sweep log
     the same packages, and so does a rerun."""
@@ -69,7 +70,7 @@ def pinned_requirements(packages: Iterable[str]) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _by_value(packages: frozenset[str], environment: tuple) -> frozenset[str]:
-    own = {p for p in packages if p == "ampsweep" or installed.version(p) is None}
+    own = {p for p in packages if p == "ampsweep" or not _distributions(p)}
     # cloudpickle pickles __main__'s classes by value already
     return frozenset(own - {"__main__", "builtins"})
 
@@ -77,12 +78,24 @@ def _by_value(packages: frozenset[str], environment: tuple) -> frozenset[str]:
 @functools.lru_cache(maxsize=64)
 def _pins(packages: frozenset[str], environment: tuple) -> tuple[str, ...]:
     by_value = _by_value(packages, environment)
+    wanted = [*BASE_REQUIREMENTS, *sorted(packages - by_value)]
+    names = [name for package in wanted for name in _distributions(package)]
     out = []
-    for name in dict.fromkeys([*BASE_REQUIREMENTS, *sorted(packages)]):
-        version = None if name in by_value else installed.version(name)
+    for name in dict.fromkeys(names):
+        version = installed.version(name)
         if version is not None:
             out.append(f"{name}=={version.split('+')[0]}")
     return tuple(out)
+
+
+def _distributions(package: str) -> list[str]:
+    """The installed distributions that provide top-level package ``package``: most are named
+    after it (read directly, cheap), others not (``sklearn`` is scikit-learn's, ``PIL``
+    Pillow's, ``open_clip`` open_clip_torch's: found from what each distribution provides).
+    None for a local module or a built-in one."""
+    if installed.version(package) is not None:
+        return [package]
+    return installed.distributions_of(package)
 
 
 @contextlib.contextmanager

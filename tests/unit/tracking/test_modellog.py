@@ -86,3 +86,13 @@ def test_requirements_are_pinned_from_what_is_installed():
     assert all("+" not in r for r in reqs)  # local labels (+cu130) are not on PyPI
     # ampsweep's and a local module's classes travel inside the pickle instead
     assert modellog.pickled_by_value({"torch", "ampsweep", "mynets"}) == {"ampsweep", "mynets"}
+
+
+def test_a_package_named_otherwise_than_its_distribution_is_pinned_by_the_distribution():
+    # sklearn is scikit-learn's, PIL Pillow's, yaml PyYAML's: importable, hence installed,
+    # so their classes travel by reference and loading the model needs the distribution
+    pins = modellog.pinned_requirements({"torch", "sklearn", "PIL", "yaml"})
+    for package, dist in (("sklearn", "scikit-learn"), ("PIL", "pillow"), ("yaml", "PyYAML")):
+        (pin,) = [p for p in pins if p.split("==")[0].lower() == dist.lower()]
+        assert pin.split("==")[1] == installed.version(dist).split("+")[0], package
+    assert modellog.pickled_by_value({"torch", "sklearn", "PIL", "yaml", "mynets"}) == {"mynets"}
