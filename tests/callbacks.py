@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal as signals
+import sys
 from pathlib import Path
 
 from ampsweep.engine.loop import Callback
@@ -89,6 +90,21 @@ class RecordDtypes(Callback):
             record = {"rank": rank_num(), "step": view.step, **self.seen}
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+class RecordImports(Callback):
+    """Append, once per rank, which of ``modules`` that rank's process has imported to ``path``
+    (JSON lines): what each rank of a DDP run loaded to train."""
+
+    def __init__(self, path: str, modules: list[str]):
+        self.path, self.modules, self.done = Path(path), list(modules), False
+
+    def after_step(self, state) -> None:
+        if not self.done:
+            loaded = {name: name in sys.modules for name in self.modules}
+            with self.path.open("a") as f:
+                f.write(json.dumps({"rank": rank_num(), **loaded}) + "\n")
+            self.done = True
 
 
 class NoHooks:

@@ -23,6 +23,19 @@ def test_only_training_commands_import_up_front_and_untracked_ones_leave_mlflow_
         assert untracked == PRELOAD and not any(name.startswith("mlflow") for name in untracked)
 
 
+def test_a_rank_other_than_0_imports_no_mlflow_up_front():
+    argv = ["train", "trainer.nproc=2"]
+    for rank, tracked in (("0", True), ("1", False), ("3", False)):
+        env = {"WORLD_SIZE": "4", "RANK": rank, "LOCAL_RANK": rank}
+        assert (startup.modules(argv, env) == PRELOAD + PRELOAD_TRACKING) is tracked, rank
+    # the parent of the ranks, and a RANK left in a shell without torchrun's WORLD_SIZE
+    assert (
+        startup.modules(argv, {})
+        == startup.modules(argv, {"RANK": "1"})
+        == PRELOAD + (PRELOAD_TRACKING)
+    )
+
+
 def test_a_training_command_imports_its_modules_first_and_freezes_them():
     gc.unfreeze()  # what this test process froze after collection
     try:
