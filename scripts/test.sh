@@ -17,6 +17,11 @@ site="$(mktemp -d)"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
 
+# Python caches the bytecode of the checkout's modules (src/, tests/) under __pycache__/
+# (git-ignored), even where the environment says not to (PYTHONDONTWRITEBYTECODE): each of the
+# few hundred ampsweep processes the suite starts would otherwise compile them again.
+unset PYTHONDONTWRITEBYTECODE
+
 stamp="$(mktemp)"
 trap 'rm -f "$stamp"' EXIT
 # Two workers: the end-to-end tests spend much of their time starting processes and waiting
