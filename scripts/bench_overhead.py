@@ -30,6 +30,21 @@ the per-repetition ratios, and the ratio of the best runs. Targets, judged on th
 runner >= 0.98 x plain loop, runner+mlflow >= 0.98 x runner, judged on the median of the
 ratios of runs made back to back. Two run lengths by default: 300 steps (15 repetitions), where
 the one-off work of a run is a visible share, and 1,200 steps (5 repetitions), where it is not.
+
+  python scripts/bench_overhead.py --components      # what each piece costs, timed alone
+
+On a virtual machine whose speed drifts by tens of percent from one run to the next, paired
+whole runs cannot resolve a gap of 2%. ``--components`` times, each on its own and many times
+over, the work the runner adds to the plain loop's step (what ``engine.loop.fit`` does beside
+the AMP step: the non-finite check of its callbacks, the running totals, the divergence watch,
+the step view, timer and first-step meter), the one-off work of a run (the FLOP count and the
+memory measurement after training) and what recording adds (buffering a log step's metrics,
+the final write of a run's metrics into SQLite, one system-metrics sample), against one plain
+step, and what they add to runs of each ``--steps`` length. The list follows ``fit``: a piece
+added there belongs here too. Alone is not in place: between the model's kernels the same
+Python has cost more than its pieces timed alone (docs/benchmarks.md), and on CUDA a piece that
+reads a value back syncs an idle queue, cheaper than inside a real step. So the sum is a floor
+on the overhead, and what to look at first when whole runs show a gap.
 """
 
 from __future__ import annotations
@@ -51,12 +66,16 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ampsweep.config.compose import load  # noqa: E402
-from ampsweep.engine import build, data, models  # noqa: E402
+from ampsweep.engine import build, data, loop, models  # noqa: E402
 from ampsweep.engine.data.batches import seed_for  # noqa: E402
 from ampsweep.engine.export import snapshot  # noqa: E402
 from ampsweep.engine.loop import fit  # noqa: E402
+from ampsweep.measure.divergence import NonfiniteWatch  # noqa: E402
+from ampsweep.measure.timing import StepTimer  # noqa: E402
 from ampsweep.precision import policy  # noqa: E402
+from ampsweep.precision.policy import found_inf  # noqa: E402
 from ampsweep.tracking import store as mlflow_store  # noqa: E402
+from ampsweep.tracking import system_metrics  # noqa: E402
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder  # noqa: E402
 
 VARIANTS = ["plain loop", "runner", "runner+mlflow", "runner+loader"]
@@ -81,6 +100,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--reps", default="15,5", help="interleaved repetitions of each run length "
                    "(default 15,5)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], help="extra config overrides")
+    p.add_argument("--components", action="store_true",
+                   help="time each piece the runner and recording add, alone")  # fmt: skip
     p.add_argument(
         "--quick",
         action="store_true",
@@ -229,6 +250,146 @@ def run_variant(args, variant: str, mode: str, steps: int, store: str):
     return runner(cfg, store if variant == "runner+mlflow" else None)
 
 
+# ---------------------------------------------------------------- the pieces, alone
+
+
+def per_call_us(fn, calls: int) -> float:
+    """The median over 5 rounds of ``calls`` calls of ``fn``: microseconds per call."""
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
+    """(one plain step, the runner's per-step pieces, its one-off pieces, recording's pieces),
+    in microseconds, on a built run of ``mode`` warmed up by 30 plain steps."""
+    calls = 20 if args.quick else 2000
+    cfg = load(overrides(args, mode, 30, []))
+    s = build.build(cfg)
+    model, opt, scaler, policy_, device = s.model, s.optimizer, s.scaler, s.policy, s.device
+    x, y = next(iter(s.train_batches.epoch(0)))
+
+    def amp_step():  # what the plain loop does per step
+        with policy_.autocast():
+            loss = s.objective(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(30):  # warm: kernels, caches, the allocator
+        amp_step()
+    step_us = per_call_us(lambda: (amp_step(), sync(device)), max(1, calls // 10))
+    # Once per run, after training: timed on its first call in this process, as a run pays it
+    # (the first mode's; FLOP counting is warm for the next)
+    start = time.perf_counter()
+    loop._measured(s, step_us / 1e3)  # noqa: SLF001
+    one_off = {"FLOP count and memory after training": (time.perf_counter() - start) * 1e6}
+    # A step's tensors as fit's callbacks see them: unscaled gradients, before the update.
+    with policy_.autocast():
+        loss = s.objective(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    skipped = found_inf(scaler, opt)
+    view = loop.StepView(1, model, opt, scaler, [(x, y)], [loss], skipped, lambda m, n: None)
+    totals = loop.Totals(device, loop.TrainState(), StepTimer(device, 1), model)
+    watch = NonfiniteWatch(cfg.trainer.max_nonfinite_steps, 1.0, scaler)
+    timer = StepTimer(device, 1)
+
+    def callbacks():
+        for callback in s.callbacks:
+            callback.before_update(view)
+        sync(device)
+
+    def totals_add():
+        totals.add_loss(loss)
+        totals.skipped += skipped
+
+    def watch_observe():
+        watch.observe(loss, skipped, scaler)
+        watch._window.clear()  # noqa: SLF001 - settled at log steps, not per step
+
+    def view_timer_meter():
+        timer.start()
+        with totals.meter.record(enabled=False):
+            loop.StepView(1, model, opt, scaler, [(x, y)], [loss], skipped, None)
+        timer.stop()
+
+    log_every = cfg.trainer.log_every
+
+    def log_step():  # a log step's reading of the totals and settling of the watch
+        for _ in range(log_every):
+            totals.add_loss(loss)
+            watch.observe(loss, skipped, scaler)
+        totals.take_metrics(s.schedule, scaler)
+        watch.check(1)
+
+    per_step = {
+        "the callbacks' checks (" + ", ".join(type(c).__name__ for c in s.callbacks) + ")":
+            per_call_us(callbacks, calls),
+        "running totals (loss, skipped steps)": per_call_us(totals_add, calls),
+        "divergence watch": per_call_us(watch_observe, calls),
+        "step view, timer, first-step meter (off)": per_call_us(view_timer_meter, calls),
+        f"a log step's metrics and checks, over its {log_every} steps":
+            (per_call_us(log_step, max(1, calls // log_every))
+             - log_every * (per_call_us(totals_add, calls) + per_call_us(watch_observe, calls)))
+            / log_every,
+    }  # fmt: skip
+    opt.zero_grad(set_to_none=True)
+    # Recording: a log step's metrics buffered, one system-metrics sample, and the final write
+    # of the metrics of ``log_every`` steps (per log step) into a SQLite store.
+    rec_cfg = load(overrides(args, mode, 30, ["tracking=mlflow", "tracking.experiment=parts"]))
+    recorder = MlflowRecorder.start(rec_cfg.tracking, "parts", uri=store)
+    points = {"train/loss": 1.0, "train/lr": 1e-3, "amp/loss_scale": 1.0}
+    step = iter(range(10**9))
+    buffered = per_call_us(lambda: recorder.log_metrics(points, next(step)), calls)
+    recorder.flush()  # what that buffered, written
+    logged = 100  # log steps written at once: the final flush of a 1,000-step run
+    for _ in range(logged):
+        recorder.log_metrics(points, next(step))
+    start = time.perf_counter()
+    recorder.flush()
+    recording = {
+        "metrics of a log step, buffered": buffered,
+        "their write into the store, per log step": (time.perf_counter() - start) * 1e6 / logged,
+    }
+    sampler = system_metrics.SystemMetrics(lambda metrics, n: None, 1.0)
+    sampler._monitors = system_metrics._collectors()  # noqa: SLF001 - what its thread sets up
+    every = rec_cfg.tracking.system_metrics_interval
+    recording[f"one system-metrics sample (every {every:g} s)"] = per_call_us(
+        sampler._sample,  # noqa: SLF001 - what its thread runs every interval
+        20,
+    )
+    recorder.end(mlflow_store.FINISHED)
+    return step_us, per_step, one_off, recording
+
+
+def report_components(args, lengths: list[int], store: str) -> None:
+    for mode in args.precisions.split(","):
+        step_us, per_step, one_off, recording = components(args, mode, store)
+        log_every = load(overrides(args, mode, 30, [])).trainer.log_every
+        print(f"\n{mode}: one plain step {step_us:,.0f} us")
+        for title, parts in (("per step", per_step), ("per run", one_off),
+                             ("recording", recording)):  # fmt: skip
+            for name, us in parts.items():
+                print(f"  {title:<10} {name:<58} {us:>10,.1f} us")
+        added = sum(per_step.values())
+        per_log = sum(v for k, v in recording.items() if "log step" in k)
+        sample = next(v for k, v in recording.items() if "system-metrics" in k)
+        every = load(overrides(args, mode, 30, [])).tracking.system_metrics_interval
+        for steps in lengths:
+            plain = steps * step_us
+            runner = steps * added + sum(one_off.values())
+            recording_us = steps / log_every * per_log + (plain / 1e6 / every + 1) * sample
+            print(f"  {steps:>5} steps: the pieces alone add {runner / plain:.2%} to the plain "
+                  f"loop's steps, recording {recording_us / (plain + runner):.2%} to the "
+                  "runner's")  # fmt: skip
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -259,6 +420,11 @@ def main() -> int:
     if args.device == "cuda" and torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     print(f"at start: {load_line()}")
+    if args.components:
+        with tempfile.TemporaryDirectory() as tmp:
+            report_components(args, lengths, f"sqlite:///{Path(tmp) / 'mlflow.db'}")
+        print(f"at end:   {load_line()}")
+        return 0
     results: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
