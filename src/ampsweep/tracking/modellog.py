@@ -34,6 +34,10 @@ from ampsweep.tracking import installed
 # Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
 BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
 
+# Module names of classes that no package provides: a script's own (cloudpickle pickles
+# __main__'s classes by value already) and Python's.
+NO_PACKAGE = frozenset({"__main__", "builtins"})
+
 # Rows of the input example the signature's output is computed from: two, not one, so that a
 # model which squeezes its output still shows its batch dimension.
 SIGNATURE_ROWS = 2
@@ -70,15 +74,13 @@ def pinned_requirements(packages: Iterable[str]) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _by_value(packages: frozenset[str], environment: tuple) -> frozenset[str]:
-    own = {p for p in packages if p == "ampsweep" or not _distributions(p)}
-    # cloudpickle pickles __main__'s classes by value already
-    return frozenset(own - {"__main__", "builtins"})
+    return frozenset(p for p in packages - NO_PACKAGE if p == "ampsweep" or not _distributions(p))
 
 
 @functools.lru_cache(maxsize=64)
 def _pins(packages: frozenset[str], environment: tuple) -> tuple[str, ...]:
     by_value = _by_value(packages, environment)
-    wanted = [*BASE_REQUIREMENTS, *sorted(packages - by_value)]
+    wanted = [*BASE_REQUIREMENTS, *sorted(packages - by_value - NO_PACKAGE)]
     names = [name for package in wanted for name in _distributions(package)]
     out = []
     for name in dict.fromkeys(names):

@@ -62,10 +62,11 @@ def test_requirements_are_read_once_per_environment(monkeypatch):
     assert len(reads) > count
 
 
-@pytest.mark.parametrize("packages", [set(), {"torch"}])
+@pytest.mark.parametrize("packages", [set(), {"torch"}, {"torch", "__main__", "builtins"}])
 def test_the_base_requirements_are_always_pinned(packages):
     names = [r.split("==")[0] for r in modellog.pinned_requirements(packages)]
     assert names == ["torch", "cloudpickle", "numpy"]
+    assert modellog.pickled_by_value(packages) == set()  # a script's classes: cloudpickle's own
 
 
 def test_mlflow_still_caches_its_module_to_package_map_where_no_env_scan_sets_it():
