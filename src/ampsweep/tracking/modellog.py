@@ -94,7 +94,7 @@ def _distributions(package: str) -> list[str]:
     """The installed distributions that provide top-level package ``package``: most are named
     after it (read directly, cheap), others not (``sklearn`` is scikit-learn's, ``PIL``
     Pillow's, ``open_clip`` open_clip_torch's: found from what each distribution provides).
-    None for a local module or a built-in one."""
+    None (an empty list) for a local module or a built-in one."""
     if installed.version(package) is not None:
         return [package]
     return installed.distributions_of(package)
