@@ -291,7 +291,8 @@ def test_sweeps_of_the_same_second_claim_distinct_folders(tmp_path):
 def test_a_tracking_server_down_mid_run_loses_nothing(tmp_path):
     """The server killed at step 4 and back at step 14 (MLflow's retries off, so the outage
     outlasts them at once): the run trains on, its records wait in the journal, and at the end
-    the store has the same history as an uninterrupted run's, FINISHED."""
+    the store has the same history as an uninterrupted run's, FINISHED. A run into a server
+    never imports MLflow's database store (only the server uses it)."""
     import json
     import signal
     import sys
@@ -315,9 +316,11 @@ def test_a_tracking_server_down_mid_run_loses_nothing(tmp_path):
         ui.wait_until_up(url, proc, 120, log)
         args = [*resumable(tmp_path / "ck", "trainer.max_steps=24", "trainer.checkpoint_every=6"),
                 f"tracking.uri={url}", "tracking.metrics_flush_every=1"]  # fmt: skip
+        imported = tmp_path / "imports.jsonl"
         outage = (
             f"trainer.callbacks=[{{_target_: fault_callbacks.ServerOutage, pidfile: {pidfile}, "
-            f"cmdfile: {cmdfile}, url: '{url}', start: 4, end: 14}}]"
+            f"cmdfile: {cmdfile}, url: '{url}', start: 4, end: 14}}, {{_target_: "
+            f"callbacks.RecordImports, path: '{imported}', modules: [sqlalchemy, alembic]}}]"
         )
         env = {**callback_env(), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
                "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}  # fmt: skip
@@ -325,6 +328,8 @@ def test_a_tracking_server_down_mid_run_loses_nothing(tmp_path):
         assert run.returncode == 0, run.stderr[-3000:]
         assert "Traceback" not in run.stderr
         assert "training goes on, its records wait in" in run.stderr, run.stderr[-3000:]
+        assert json.loads(imported.read_text()) == {"rank": 0, "sqlalchemy": False,
+                                                     "alembic": False}  # fmt: skip
         (recorded,) = all_runs(url)
         assert recorded.info.status == store.FINISHED
         folder = Path(recorded.data.tags[store.CHECKPOINT_DIR])

@@ -24,9 +24,11 @@ All three off cost +2.9 / +1.3 s. ``tracking=none`` (or ``tracking.backend=none`
 command line leaves MLflow out of the up-front imports, and nothing a run with tracking off
 runs imports it (the recorder loads its MLflow modules on first use): a 1-step run in 2.5 s
 against 3.9 s tracked. So does every rank but 0 of a DDP run, which records nothing (1.2 s of
-CPU and the memory of MLflow, pandas and SQLAlchemy saved per rank). Otherwise the start-up
-reads only the command line: a config that turns tracking off some other way (an experiment
-file) still has MLflow imported up front.
+CPU and the memory of MLflow, pandas and SQLAlchemy saved per rank). A run that records to a
+tracking server (``tracking.uri=http://...`` or ``MLFLOW_TRACKING_URI``) leaves out MLflow's
+database store, which only its server uses (about 0.5 s). Otherwise the start-up reads only
+the command line: a config that turns tracking off some other way (an experiment file) still
+has MLflow imported up front.
 """
 
 from __future__ import annotations
@@ -50,9 +52,12 @@ TRAINING_COMMANDS = ("train", "reproduce", "capacity", "doctor")
 # optimizer is built (Optimizer.add_param_group is wrapped by torch._disable_dynamo), compiled
 # or not. The ampsweep modules bring Hydra, the registries and the recorder.
 PRELOAD = ("torch", "torch._dynamo", "hydra", "ampsweep.engine.components", "ampsweep.app.job")
-# What a tracked run adds: MLflow, its SQLite store (SQLAlchemy, alembic) and the sweep records.
-PRELOAD_TRACKING = ("mlflow", "mlflow.store.tracking.sqlalchemy_store", "ampsweep.tracking.sweep")
+# What a tracked run adds: MLflow and the sweep records; and, unless it records to a tracking
+# server (http:// or https://), MLflow's database store (SQLAlchemy, alembic: about 0.5 s).
+PRELOAD_TRACKING = ("mlflow", "ampsweep.tracking.sweep")
+PRELOAD_DATABASE = ("mlflow.store.tracking.sqlalchemy_store",)
 UNTRACKED = ("tracking=none", "tracking.backend=none")  # the command lines that record nothing
+SERVERS = ("http://", "https://")
 
 
 def modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
@@ -65,8 +70,19 @@ def modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tup
         return ()  # printing the config or a help trains nothing
     if argv[0] != "train" and {"-h", "--help"} & set(argv):
         return ()
-    untracked = set(UNTRACKED) & set(argv) or _records_nothing(environ)
-    return PRELOAD if untracked else PRELOAD + PRELOAD_TRACKING
+    if set(UNTRACKED) & set(argv) or _records_nothing(environ):
+        return PRELOAD
+    if _store_uri(argv, environ).startswith(SERVERS):
+        return PRELOAD + PRELOAD_TRACKING
+    return PRELOAD + PRELOAD_TRACKING + PRELOAD_DATABASE
+
+
+def _store_uri(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The store the command line names (its last ``tracking.uri=``), else MLflow's variable,
+    as ``tracking.store.resolve_uri`` reads them; '' for the default (a SQLite file). A config
+    file that names another store is not read here: what it needs is imported when used."""
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("tracking.uri=")]
+    return given[-1] if given else environ.get("MLFLOW_TRACKING_URI", "")
 
 
 def _records_nothing(environ: Mapping[str, str]) -> bool:

@@ -11,13 +11,15 @@ import pytest
 from conftest import cli_env
 
 from ampsweep.app import startup
-from ampsweep.app.startup import PRELOAD, PRELOAD_TRACKING, Startup
+from ampsweep.app.startup import PRELOAD, PRELOAD_DATABASE, PRELOAD_TRACKING, Startup
+
+TRACKED = PRELOAD + PRELOAD_TRACKING + PRELOAD_DATABASE  # a run into a database store
 
 
 def test_only_training_commands_import_up_front_and_untracked_ones_leave_mlflow_out():
     for argv in (["report"], ["ui"], ["train", "--help"], ["train", "--cfg", "job"], []):
         assert startup.modules(argv) == (), argv
-    assert startup.modules(["train", "precision=bf16"]) == PRELOAD + PRELOAD_TRACKING
+    assert startup.modules(["train", "precision=bf16"]) == TRACKED
     for off in ("tracking=none", "tracking.backend=none"):
         untracked = startup.modules(["train", off, "trainer.max_steps=1"])
         assert untracked == PRELOAD and not any(name.startswith("mlflow") for name in untracked)
@@ -27,13 +29,22 @@ def test_a_rank_other_than_0_imports_no_mlflow_up_front():
     argv = ["train", "trainer.nproc=2"]
     for rank, tracked in (("0", True), ("1", False), ("3", False)):
         env = {"WORLD_SIZE": "4", "RANK": rank, "LOCAL_RANK": rank}
-        assert (startup.modules(argv, env) == PRELOAD + PRELOAD_TRACKING) is tracked, rank
+        assert (startup.modules(argv, env) == TRACKED) is tracked, rank
     # the parent of the ranks, and a RANK left in a shell without torchrun's WORLD_SIZE
-    assert (
-        startup.modules(argv, {})
-        == startup.modules(argv, {"RANK": "1"})
-        == PRELOAD + (PRELOAD_TRACKING)
-    )
+    assert startup.modules(argv, {}) == startup.modules(argv, {"RANK": "1"}) == TRACKED
+
+
+def test_a_run_into_a_tracking_server_leaves_mlflows_database_store_out():
+    server = PRELOAD + PRELOAD_TRACKING
+    argv = ["train", "trainer.max_steps=1"]
+    assert startup.modules([*argv, "tracking.uri=http://127.0.0.1:5000"], {}) == server
+    assert startup.modules(argv, {"MLFLOW_TRACKING_URI": "https://mlflow.example"}) == server
+    # the command line's store wins over the variable, as in tracking.store.resolve_uri
+    sqlite = "tracking.uri=sqlite:////tmp/m.db"
+    assert startup.modules([*argv, sqlite], {"MLFLOW_TRACKING_URI": "http://h:5000"}) == TRACKED
+    assert startup.modules([*argv, sqlite, "tracking.uri=http://h:5000"], {}) == server
+    for env in ({}, {"MLFLOW_TRACKING_URI": "postgresql://u@h/db"}):
+        assert startup.modules(argv, env) == TRACKED
 
 
 def test_a_training_command_imports_its_modules_first_and_freezes_them():
@@ -45,7 +56,7 @@ def test_a_training_command_imports_its_modules_first_and_freezes_them():
         Startup(freeze=False).preload(["train", "precision=bf16"])
         assert gc.isenabled() and gc.get_freeze_count() == 0
         Startup().preload(["train", "precision=bf16"])
-        assert gc.isenabled() and set(PRELOAD + PRELOAD_TRACKING) <= set(sys.modules)
+        assert gc.isenabled() and set(TRACKED) <= set(sys.modules)
         assert gc.get_freeze_count() > 100_000  # torch, MLflow, Hydra: no collection scans them
     finally:
         gc.freeze()
@@ -149,7 +160,7 @@ def test_the_interpreters_exit_steps_the_fast_exit_calls_are_still_there():
 def test_every_module_the_start_up_imports_is_still_there():
     import importlib.util
 
-    names = startup.PRELOAD + startup.PRELOAD_TRACKING  # torch._dynamo (private) too
+    names = TRACKED  # torch._dynamo (private) too
     assert all(importlib.util.find_spec(name) for name in names)
 
 
