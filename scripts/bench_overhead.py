@@ -340,8 +340,9 @@ def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
             / log_every,
     }  # fmt: skip
     opt.zero_grad(set_to_none=True)
-    # Recording: a log step's metrics buffered, one system-metrics sample, and the final write
-    # of the metrics of ``log_every`` steps (per log step) into a SQLite store.
+    # Recording: a log step's metrics buffered; their write into a SQLite store, timed for 100
+    # log steps written at once (a 1,000-step run's final flush) and given per log step; one
+    # system-metrics sample.
     rec_cfg = load(overrides(args, mode, 30, ["tracking=mlflow", "tracking.experiment=parts"]))
     recorder = MlflowRecorder.start(rec_cfg.tracking, "parts", uri=store)
     points = {"train/loss": 1.0, "train/lr": 1e-3, "amp/loss_scale": 1.0}
@@ -371,7 +372,8 @@ def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
 def report_components(args, lengths: list[int], store: str) -> None:
     for mode in args.precisions.split(","):
         step_us, per_step, one_off, recording = components(args, mode, store)
-        log_every = load(overrides(args, mode, 30, [])).trainer.log_every
+        cfg = load(overrides(args, mode, 30, []))
+        log_every, every = cfg.trainer.log_every, cfg.tracking.system_metrics_interval
         print(f"\n{mode}: one plain step {step_us:,.0f} us")
         for title, parts in (("per step", per_step), ("per run", one_off),
                              ("recording", recording)):  # fmt: skip
@@ -380,7 +382,6 @@ def report_components(args, lengths: list[int], store: str) -> None:
         added = sum(per_step.values())
         per_log = sum(v for k, v in recording.items() if "log step" in k)
         sample = next(v for k, v in recording.items() if "system-metrics" in k)
-        every = load(overrides(args, mode, 30, [])).tracking.system_metrics_interval
         for steps in lengths:
             plain = steps * step_us
             runner = steps * added + sum(one_off.values())
