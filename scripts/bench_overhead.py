@@ -328,16 +328,16 @@ def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
         totals.take_metrics(s.schedule, scaler)
         watch.check(1)
 
+    totals_us, watch_us = per_call_us(totals_add, calls), per_call_us(watch_observe, calls)
+    # a log step's own work: the log step less the per-step pieces it repeats
+    log_us = per_call_us(log_step, max(1, calls // log_every)) - log_every * (totals_us + watch_us)
     per_step = {
         "the callbacks' checks (" + ", ".join(type(c).__name__ for c in s.callbacks) + ")":
             per_call_us(callbacks, calls),
-        "running totals (loss, skipped steps)": per_call_us(totals_add, calls),
-        "divergence watch": per_call_us(watch_observe, calls),
+        "running totals (loss, skipped steps)": totals_us,
+        "divergence watch": watch_us,
         "step view, timer, first-step meter (off)": per_call_us(view_timer_meter, calls),
-        f"a log step's metrics and checks, over its {log_every} steps":
-            (per_call_us(log_step, max(1, calls // log_every))
-             - log_every * (per_call_us(totals_add, calls) + per_call_us(watch_observe, calls)))
-            / log_every,
+        f"a log step's metrics and checks, over its {log_every} steps": log_us / log_every,
     }  # fmt: skip
     opt.zero_grad(set_to_none=True)
     # Recording: a log step's metrics buffered; their write into a SQLite store, timed for 100

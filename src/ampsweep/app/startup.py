@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ampsweep.app import command_line, trust
+from ampsweep.tracking import store
 
 TRAINING_COMMANDS = ("train", "reproduce", "capacity", "doctor")
 # What a training command imports, heaviest first. torch._dynamo: torch.optim imports it when an
@@ -57,7 +58,6 @@ PRELOAD = ("torch", "torch._dynamo", "hydra", "ampsweep.engine.components", "amp
 PRELOAD_TRACKING = ("mlflow", "ampsweep.tracking.sweep")
 PRELOAD_DATABASE = ("mlflow.store.tracking.sqlalchemy_store",)
 UNTRACKED = ("tracking=none", "tracking.backend=none")  # the command lines that record nothing
-SERVERS = ("http://", "https://")
 
 
 def modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
@@ -72,7 +72,7 @@ def modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tup
         return ()
     if set(UNTRACKED) & set(argv) or _records_nothing(environ):
         return PRELOAD
-    if _store_uri(argv, environ).startswith(SERVERS):
+    if store.is_server(_store_uri(argv, environ)):
         return PRELOAD + PRELOAD_TRACKING
     return PRELOAD + PRELOAD_TRACKING + PRELOAD_DATABASE
 

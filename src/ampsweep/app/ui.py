@@ -198,7 +198,7 @@ def serve(
     cors: str | None = None,
     team: bool = False,
 ) -> int:
-    if uri.startswith(("http://", "https://")):
+    if store.is_server(uri):
         store.check(uri, key="--tracking-uri")
         link, about = experiment_link(uri, uri.rstrip("/"))
         print(f"The store is an MLflow server already; open {link}\n  {about}")

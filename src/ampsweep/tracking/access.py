@@ -29,7 +29,7 @@ def _status(err: Exception) -> int | None:
 def check_write(uri: str, experiment: str, key: str = "tracking.uri") -> None:
     """Raise a one-line ConfigError when the server at ``uri`` refuses this login, or refuses
     it the experiment (reading it, or writing to it when it exists)."""
-    if not uri.startswith(("http://", "https://")):
+    if not store.is_server(uri):
         return
     client = store.client_for(uri)
     user = os.environ.get(USER)

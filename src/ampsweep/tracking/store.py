@@ -119,6 +119,11 @@ def sqlite_path(uri: str) -> Path | None:
 STORE_HELP = "MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db here)"
 
 
+def is_server(uri: str) -> bool:
+    """Whether ``uri`` is an MLflow tracking server (which keeps its own database)."""
+    return uri.startswith(("http://", "https://"))
+
+
 def check(uri: str, key: str = "tracking.uri") -> None:
     """Fail fast, with the fix, when the store cannot be opened."""
     path = sqlite_path(uri)
@@ -145,7 +150,7 @@ def check(uri: str, key: str = "tracking.uri") -> None:
         if not is_sqlite_file(path):
             raise ConfigError(not_a_database(key, uri, path))
         return
-    if uri.startswith(("http://", "https://")):
+    if is_server(uri):
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
                 return
@@ -213,7 +218,7 @@ def fault(err: BaseException, uri: str, key: str = "tracking.uri") -> Exception 
             f"no space left on {mount_of(folder)} for the MLflow store {where}: free space, "
             "or set tracking.uri to a store on another disk"
         )
-    if uri.startswith(("http://", "https://")) and (
+    if is_server(uri) and (
         "Max retries exceeded" in text or "Connection refused" in text
     ):
         return FaultError(
