@@ -218,9 +218,7 @@ def fault(err: BaseException, uri: str, key: str = "tracking.uri") -> Exception 
             f"no space left on {mount_of(folder)} for the MLflow store {where}: free space, "
             "or set tracking.uri to a store on another disk"
         )
-    if is_server(uri) and (
-        "Max retries exceeded" in text or "Connection refused" in text
-    ):
+    if is_server(uri) and ("Max retries exceeded" in text or "Connection refused" in text):
         return FaultError(
             f"the MLflow server {uri} stopped answering ({type(err).__name__}): restart it; "
             "`ampsweep repair` then writes what it missed"
