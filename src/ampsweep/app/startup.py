@@ -2,12 +2,17 @@
 
 A training command spends most of a short run importing torch (with ``torch._dynamo``, which
 every torch optimizer imports when it is built), MLflow (with its SQLAlchemy store) and Hydra,
-and, after the command, in CPython's teardown of all of it. Three pieces cut that, each switched
+and, after the command, in CPython's teardown of all of it. Four pieces cut that, each switched
 by a field of ``Startup`` so that ``scripts/bench_fixed_cost.py --startup`` measures a 1-step
 ``ampsweep train`` as a process with each one off in turn, paired and interleaved. What turning
 each one off cost there (seconds of wall time, median of 3 rounds, tracked / ``tracking=none``;
-a 2-core CPU, lightly shared, 2026-12-01; the CPU seconds agree; docs/benchmarks.md has it):
+a 2-core CPU, lightly shared, 2026-12-01, the recorder host 2026-12-02; docs/benchmarks.md):
 
+- ``recorder_host`` (+0.9 s tracked): a tracked ``ampsweep train`` of one run forks, first,
+  the process that imports MLflow and makes the run's MLflow calls (``tracking.host``), so
+  MLflow imports on the other core while this one imports torch; the command imports no
+  MLflow (``recorder_modules``). It costs about 0.25 s more CPU in all (what both processes
+  import). A sweep imports MLflow in the command, once for all its jobs.
 - ``collector_off`` (+1.2 / +0.6 s): the modules a training command needs (``modules``) are
   imported up front with the garbage collector off. While they import, Python otherwise runs
   full collections over the growing heap that find nothing.
@@ -20,15 +25,16 @@ a 2-core CPU, lightly shared, 2026-12-01; the CPU seconds agree; docs/benchmarks
   for the same reason). An exception or ``SystemExit`` from the command takes Python's usual
   way out.
 
-All three off cost +2.9 / +1.3 s. ``tracking=none`` (or ``tracking.backend=none``) on the
-command line leaves MLflow out of the up-front imports, and nothing a run with tracking off
-runs imports it (the recorder loads its MLflow modules on first use): a 1-step run in 2.5 s
-against 3.9 s tracked. So does every rank but 0 of a DDP run, which records nothing (1.2 s of
-CPU and the memory of MLflow, pandas and SQLAlchemy saved per rank). A run that records to a
-tracking server (``tracking.uri=http://...`` or ``MLFLOW_TRACKING_URI``) leaves out MLflow's
+The first three off cost +2.9 / +1.3 s; all four +3.8 s tracked (2026-12-02).
+``tracking=none`` (or ``tracking.backend=none``) on the command line leaves MLflow out of the
+up-front imports, and nothing a run with tracking off runs imports it (the recorder loads its
+MLflow modules on first use): a 1-step run in 2.2 s against 2.4 s tracked (3.45 s with
+MLflow in the command). So does every rank but 0 of a DDP run, which records nothing (1.2 s
+of CPU and the memory of MLflow, pandas and SQLAlchemy saved per rank). A run that records to
+a tracking server (``tracking.uri=http://...`` or ``MLFLOW_TRACKING_URI``) leaves out MLflow's
 database store, which only its server uses (about 0.5 s). Otherwise the start-up reads only
 the command line: a config that turns tracking off some other way (an experiment file) still
-has MLflow imported up front.
+has MLflow imported up front (by the recorder host, for a single run).
 """
 
 from __future__ import annotations
@@ -46,16 +52,18 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ampsweep.app import command_line, trust
-from ampsweep.tracking import store
+from ampsweep.tracking import host, store
 
 TRAINING_COMMANDS = ("train", "reproduce", "capacity", "doctor")
 # What a training command imports, heaviest first. torch._dynamo: torch.optim imports it when an
 # optimizer is built (Optimizer.add_param_group is wrapped by torch._disable_dynamo), compiled
 # or not. The ampsweep modules bring Hydra, the registries and the recorder.
 PRELOAD = ("torch", "torch._dynamo", "hydra", "ampsweep.engine.components", "ampsweep.app.job")
-# What a tracked run adds: MLflow and the sweep records; and, unless it records to a tracking
-# server (http:// or https://), MLflow's database store (SQLAlchemy, alembic: about 0.5 s).
-PRELOAD_TRACKING = ("mlflow", "ampsweep.tracking.sweep")
+# What a tracked run adds: the sweep records, and MLflow with the functions that use its classes
+# (in the recorder host, for a single run); and, unless it records to a tracking server
+# (http:// or https://), MLflow's database store (SQLAlchemy, alembic: about 0.5 s).
+PRELOAD_TRACKING = ("ampsweep.tracking.sweep",)
+PRELOAD_MLFLOW = ("mlflow", host.FUNCTIONS)
 PRELOAD_DATABASE = ("mlflow.store.tracking.sqlalchemy_store",)
 UNTRACKED = ("tracking=none", "tracking.backend=none")  # the command lines that record nothing
 
@@ -73,8 +81,22 @@ def modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tup
     if set(UNTRACKED) & set(argv) or _records_nothing(environ):
         return PRELOAD
     if store.is_server(_store_uri(argv, environ)):
-        return PRELOAD + PRELOAD_TRACKING
-    return PRELOAD + PRELOAD_TRACKING + PRELOAD_DATABASE
+        return PRELOAD + PRELOAD_TRACKING + PRELOAD_MLFLOW
+    return PRELOAD + PRELOAD_TRACKING + PRELOAD_MLFLOW + PRELOAD_DATABASE
+
+
+def recorder_modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple:
+    """What the recorder host imports (``tracking.host``), for a command that has one: a
+    tracked ``ampsweep train`` of one run (a sweep imports MLflow once for all its jobs, and
+    runs its report in the command's process); none for any other command."""
+    if not argv or argv[0] != "train":
+        return ()
+    hydra = _read(argv[1:])
+    if hydra is None or hydra.multirun:
+        return ()
+    return tuple(
+        name for name in modules(argv, environ) if name in PRELOAD_MLFLOW + PRELOAD_DATABASE
+    )
 
 
 def _store_uri(argv: Sequence[str], environ: Mapping[str, str]) -> str:
@@ -109,10 +131,20 @@ class Startup:
     collector_off: bool = True
     freeze: bool = True
     fast_exit: bool = True
+    recorder_host: bool = True
 
     def preload(self, argv: Sequence[str]) -> None:
-        """Import what the command ``argv`` needs, with the collector off, then freeze it."""
+        """Start the recorder host if the command has one, and import what the command
+        ``argv`` needs, with the collector off, then freeze it."""
         names = modules(argv)
+        there = recorder_modules(argv) if self.recorder_host else ()
+        if there:
+            uri = store.resolve_uri(_store_uri(argv, os.environ))
+            warm = [uri] if store.holds_mlflow_tables(uri) else []  # to open, not to create
+            recorder = host.Host.start(there, store.local_client, warm)
+            host.serve_this_process(recorder)
+            atexit.register(host.stop_serving)  # its last records are in when the command ends
+            names = tuple(name for name in names if name not in there)
         if not names or not (self.collector_off or self.freeze):
             return  # the command imports them itself, as it goes
         if self.collector_off:

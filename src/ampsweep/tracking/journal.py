@@ -103,37 +103,13 @@ def read(path: Path) -> tuple[dict, list[dict]]:
     return header, [ops[s] for s in sorted(ops) if s not in acked]
 
 
-def apply(client, run_id: str, op: dict) -> None:
-    """Write one journal record into the store."""
-    # Imported here, not at the top: the recorder imports this module, and app.job the
-    # recorder, for tracking=none too, which then imports no MLflow (startup.py says why).
-    from mlflow.entities import Metric, Param
-
-    kind = op["op"]
-    if kind == "metrics":
-        metrics = [Metric(k, v, ts, step) for k, v, ts, step in op["items"]]
-        client.log_batch(run_id, metrics=metrics, synchronous=True)
-    elif kind == "tags":
-        client.log_batch(run_id, tags=store.tag_entities(op["items"]))
-    elif kind == "params":
-        client.log_batch(run_id, params=[Param(k, v) for k, v in op["items"]])
-    elif kind == "end":
-        if op.get("error"):
-            client.set_tag(run_id, store.ERROR, op["error"])
-        elif store.ERROR in client.get_run(run_id).data.tags:  # an end said ahead of it
-            client.delete_tag(run_id, store.ERROR)
-        client.set_terminated(run_id, status=op["status"], end_time=op.get("time"))
-    else:
-        raise ValueError(f"unknown journal record {kind!r}")
-
-
 def replay(path: Path, client) -> tuple[str, int]:
     """Write a journal's unacknowledged records into the store and remove the file; the
     run id and how many records were written. A store failure raises (the file stays)."""
     header, ops = read(path)
     run_id = header.get("run_id", "")
     for op in ops:
-        apply(client, run_id, op)
+        store.run_with(client, "write_record", run_id, op)
     os.unlink(path)
     return run_id, len(ops)
 

@@ -8,13 +8,16 @@ things MLflow would do there cost seconds and are replaced here:
   and checks pins against a map of every module of every installed distribution (a walk over
   tens of thousands of files, ~0.3 s of CPU once per process). ampsweep pins what loading the
   model needs from the installed versions instead, reads them once per process and
-  environment, and skips the walk (it can only agree: the pins come from this environment);
+  environment, and skips the walk (``model_files.no_env_scan``: it can only agree, the pins
+  come from this environment);
 - the signature's output: one forward of the model on the whole input example (a batch of up
   to 65,536 values: 0.3-0.9 s for a ResNet on a CPU) where two rows give the same signature.
 
 Everything else MLflow writes (MLmodel, the pickled module, requirements and environment
 files, the input example) is what ``mlflow.pytorch.load_model`` and the UI read, and costs
-milliseconds; the numbers are in the docs' performance page.
+milliseconds: the command writes the pickled module (``logged_model``), the recorder host the
+rest (``model_files``); the numbers are in the docs' performance page. Nothing here imports
+MLflow or torch.
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import cloudpickle
-from mlflow.models import infer_signature
-from mlflow.utils import requirements_utils as reqs
 
 from ampsweep.tracking import installed
 
@@ -42,16 +43,20 @@ NO_PACKAGE = frozenset({"__main__", "builtins"})
 # model which squeezes its output still shows its batch dimension.
 SIGNATURE_ROWS = 2
 
+# MLflow's pytorch flavor keeps the pickled module in data/model.pth (mlflow.pytorch's
+# _MODEL_DATA_SUBPATH and _SERIALIZED_TORCH_MODEL_FILE_NAME; test_model_files.py checks them).
+DATA = "data"
+WEIGHTS = "model.pth"
 
-def signature(snapshot) -> Any:
-    """The model's signature: the whole input example's inputs, the outputs of its first rows
-    (a model whose forward does not run on the CPU, e.g. a float8 model trained on a GPU, gets
-    its inputs only)."""
+
+def signature_output(snapshot) -> Any:
+    """The model's output on the first rows of its input example, from which the signature
+    takes its outputs; None for a model whose forward does not run on the CPU (e.g. a float8
+    model trained on a GPU): its signature then has inputs only."""
     try:
-        output = snapshot.predict(snapshot.example[:SIGNATURE_ROWS])
+        return snapshot.predict(snapshot.example[:SIGNATURE_ROWS])
     except Exception:
-        output = None
-    return infer_signature(snapshot.example, output)
+        return None
 
 
 def pickled_by_value(packages: Iterable[str]) -> set[str]:
@@ -98,26 +103,6 @@ def _distributions(package: str) -> list[str]:
     if installed.version(package) is not None:
         return [package]
     return installed.distributions_of(package)
-
-
-@contextlib.contextmanager
-def no_env_scan():
-    """Skip MLflow's check of the pinned requirements against the environment while a model
-    is saved: it first maps every module of every installed distribution to its package (a
-    walk over tens of thousands of files: about 0.3 s of CPU, once per process) and can only
-    pass here, since the pins were read from this environment. MLflow skips the walk when its
-    map exists; an empty one lasts for the save alone (``None`` again after), so whatever else
-    in the process later infers requirements still gets the real map. If MLflow renames the
-    map, nothing is skipped: a save merely takes longer. (Private to MLflow, with no public
-    switch: checked on mlflow 3.17.2; tests/unit/tracking/test_modellog.py fails if it moves.)"""
-    if getattr(reqs, "_MODULES_TO_PACKAGES", ...) is not None:
-        yield  # computed already (cheap from now on), or not MLflow's layout any more
-        return
-    reqs._MODULES_TO_PACKAGES = {}
-    try:
-        yield
-    finally:
-        reqs._MODULES_TO_PACKAGES, reqs._PACKAGES_TO_MODULES = None, None
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ampsweep.config.schema import ConfigError, TrackingConfig
 from ampsweep.errors import FaultError
+from ampsweep.tracking import host
 
 DEFAULT_STORE = Path("outputs") / "mlflow.db"
 MAX_TAG_CHARS = 5000
@@ -187,6 +188,22 @@ def is_sqlite_file(path: Path) -> bool:
     return True
 
 
+def holds_mlflow_tables(uri: str) -> bool:
+    """Whether ``uri`` is a SQLite store with MLflow's tables in it already (opening it then
+    creates and migrates nothing)."""
+    path = sqlite_path(uri)
+    if path is None or not path.is_file():
+        return False
+    try:  # read-only, through SQLite (is_sqlite_file says why: never open() and close())
+        con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1)
+        try:
+            return con.execute("SELECT 1 FROM alembic_version").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
 def not_a_database(key: str, uri: str, path: Path) -> str:
     return (
         f"{key}={uri}: {path} is not an MLflow store (not a SQLite database): point "
@@ -257,17 +274,15 @@ def prepare(uri: str) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def tag_entities(items) -> list:
-    """``(key, value)`` pairs as MLflow's ``RunTag`` entities, values as strings, for
-    ``log_batch``."""
-    # Imported here, not at the top: every command imports this module, and a run with
-    # tracking=none then imports no MLflow at all (scripts/bench_fixed_cost.py).
-    from mlflow.entities import RunTag
-
-    return [RunTag(k, str(v)) for k, v in items]
-
-
 def client_for(uri: str):
+    """An MLflow client for the store at ``uri``: the recorder host's, when this process has
+    one (a tracked ``ampsweep train``: ``tracking.host``), else one of this process."""
+    served = host.serving()
+    return served.client(uri) if served is not None else local_client(uri)
+
+
+def local_client(uri: str):
+    """An ``MlflowClient`` of this process (which then imports MLflow)."""
     # Imported here, not at the top: every command imports this module (the parser's help
     # texts), and --help, report's config errors and tracking=none import no MLflow.
     from mlflow import MlflowClient
@@ -278,6 +293,14 @@ def client_for(uri: str):
     # A store that fails is said in one line (``fault``), not as MLflow's logged traceback.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return MlflowClient(tracking_uri=uri)
+
+
+def run_with(client, name: str, *args, **kwargs):
+    """``tracking.mlflow_calls.<name>(client, *args, **kwargs)``, where ``client``'s MLflow is
+    imported: in the recorder host for a client of the host's, else in this process."""
+    if isinstance(client, host.RemoteClient):
+        return client.run_there(name, *args, **kwargs)
+    return host.run_here(client, name, *args, **kwargs)
 
 
 def get_or_create_experiment(client, name: str, artifact_root: str | None) -> str:

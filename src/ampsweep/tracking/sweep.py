@@ -150,10 +150,8 @@ def end_lost_job(info: SweepInfo, job_id: str, status: str, why: str):
     run = store.run_of_cluster_job(client, client.get_run(info.parent_run_id), job_id)
     if run is None or run.info.status != store.RUNNING:
         return run
-    client.log_batch(
-        run.info.run_id,
-        tags=store.tag_entities({store.ERROR: why, store.ENDED_BY: "the sweep's launcher"}.items()),
-    )
+    tags = {store.ERROR: why, store.ENDED_BY: "the sweep's launcher"}
+    store.run_with(client, "set_tags", run.info.run_id, list(tags.items()))
     client.set_terminated(run.info.run_id, status=status)
     return client.get_run(run.info.run_id)
 
@@ -212,7 +210,7 @@ def conclude(info: SweepInfo, interrupted: bool) -> SweepResult:
     }
     if missing:
         tags["jobs_missing"] = missing
-    client.log_batch(info.parent_run_id, tags=store.tag_entities(tags.items()))
+    store.run_with(client, "set_tags", info.parent_run_id, list(tags.items()))
     return SweepResult(status, runs, missing, n_skipped)
 
 

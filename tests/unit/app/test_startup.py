@@ -11,9 +11,15 @@ import pytest
 from conftest import cli_env
 
 from ampsweep.app import startup
-from ampsweep.app.startup import PRELOAD, PRELOAD_DATABASE, PRELOAD_TRACKING, Startup
+from ampsweep.app.startup import (
+    PRELOAD,
+    PRELOAD_DATABASE,
+    PRELOAD_MLFLOW,
+    PRELOAD_TRACKING,
+    Startup,
+)
 
-TRACKED = PRELOAD + PRELOAD_TRACKING + PRELOAD_DATABASE  # a run into a database store
+TRACKED = PRELOAD + PRELOAD_TRACKING + PRELOAD_MLFLOW + PRELOAD_DATABASE  # into a database store
 
 
 def test_only_training_commands_import_up_front_and_untracked_ones_leave_mlflow_out():
@@ -35,7 +41,7 @@ def test_a_rank_other_than_0_imports_no_mlflow_up_front():
 
 
 def test_a_run_into_a_tracking_server_leaves_mlflows_database_store_out():
-    server = PRELOAD + PRELOAD_TRACKING
+    server = PRELOAD + PRELOAD_TRACKING + PRELOAD_MLFLOW
     argv = ["train", "trainer.max_steps=1"]
     assert startup.modules([*argv, "tracking.uri=http://127.0.0.1:5000"], {}) == server
     assert startup.modules(argv, {"MLFLOW_TRACKING_URI": "https://mlflow.example"}) == server
@@ -47,15 +53,33 @@ def test_a_run_into_a_tracking_server_leaves_mlflows_database_store_out():
         assert startup.modules(argv, env) == TRACKED
 
 
+def test_a_single_tracked_run_has_mlflow_imported_by_its_recorder_host_and_no_other():
+    argv = ["train", "trainer.max_steps=1"]
+    assert startup.recorder_modules(argv, {}) == PRELOAD_MLFLOW + PRELOAD_DATABASE
+    server = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000"}
+    assert startup.recorder_modules(argv, server) == PRELOAD_MLFLOW  # no database store there
+    for other in (
+        ["train", "-m", "precision=fp32,bf16"],  # a sweep imports MLflow once, for its report
+        ["train", "--multirun", "precision=fp32,bf16"],
+        ["train", "tracking=none"],
+        ["train", "--cfg", "job"],
+        ["reproduce", "abc"],
+        ["report"],
+    ):
+        assert startup.recorder_modules(other, {}) == (), other
+    assert startup.recorder_modules(argv, {"WORLD_SIZE": "2", "RANK": "1"}) == ()
+
+
 def test_a_training_command_imports_its_modules_first_and_freezes_them():
     gc.unfreeze()  # what this test process froze after collection
     try:
         for argv in (["report"], ["train", "--cfg", "job"]):
             Startup().preload(argv)
             assert gc.get_freeze_count() == 0, argv
-        Startup(freeze=False).preload(["train", "precision=bf16"])
+        # no recorder host here: it would serve this test process's store clients
+        Startup(freeze=False, recorder_host=False).preload(["train", "precision=bf16"])
         assert gc.isenabled() and gc.get_freeze_count() == 0
-        Startup().preload(["train", "precision=bf16"])
+        Startup(recorder_host=False).preload(["train", "precision=bf16"])
         assert gc.isenabled() and set(TRACKED) <= set(sys.modules)
         assert gc.get_freeze_count() > 100_000  # torch, MLflow, Hydra: no collection scans them
     finally:
@@ -114,7 +138,7 @@ def test_the_program_settles_threads_exit_handlers_and_output_before_it_ends(tmp
 UNTRACKED_RUN = """
 import sys
 from ampsweep.app import cli, startup
-argv = ["train", sys.argv[1], "trainer.max_steps=1", "trainer.progress=false"]
+argv = ["train", *sys.argv[1:], "trainer.max_steps=1", "trainer.progress=false"]
 startup.Startup().preload(argv)
 code = cli.main(argv)
 mlflow = sorted(m for m in sys.modules if m.startswith("mlflow"))
@@ -129,6 +153,32 @@ def test_a_run_with_tracking_off_imports_no_mlflow(off, tmp_path):
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.splitlines()[-1] == "exit 0 mlflow imported: []"
+
+
+@pytest.mark.slow
+def test_a_tracked_run_records_everything_through_its_recorder_host_and_imports_no_mlflow(
+    tmp_path,
+):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = subprocess.run([sys.executable, "-c", UNTRACKED_RUN, f"tracking.uri={uri}"],
+                         cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[-1] == "exit 0 mlflow imported: []"
+    # everything a run records: params, metrics, system metrics, data sets, the model, its end
+    import mlflow.pytorch
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("ampsweep").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["precision.name"] == "fp32"
+    assert "val/acc" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
+    assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"digits-train", "digits-val"}
+    [model] = client.search_logged_models([run.info.experiment_id])
+    assert model.status.to_proto() == 2 and model.source_run_id == run.info.run_id  # READY
+    assert {m.key for m in model.metrics} >= {"val/acc"}
+    net = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model")
+    assert sum(p.numel() for p in net.parameters()) == 19_562
 
 
 STORE_COMMAND = """
