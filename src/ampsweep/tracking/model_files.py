@@ -14,7 +14,7 @@ Three helpers are MLflow's private ones, with no public equivalent (checked on m
 that test fails if any moves): ``_save_example`` (the example files and their MLmodel entry),
 ``_process_pip_requirements`` (requirements.txt, conda.yaml) and ``_PythonEnv``
 (python_env.yaml). Requirements are pinned, never inferred (``modellog`` says why), and the
-environment files are computed once per process and set of pins.
+requirements files are computed once per set of pins and environment.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from mlflow.pyfunc import add_to_model
 from mlflow.utils import requirements_utils as reqs
 from mlflow.utils.environment import _process_pip_requirements, _PythonEnv
 
-from ampsweep.tracking import modellog
+from ampsweep.tracking import installed, modellog
 
 FLAVOR = "pytorch"
 PICKLE_MODULE = "mlflow.pytorch.pickle_module"  # cloudpickle's functions under MLflow's name
@@ -62,25 +62,25 @@ def write(path: str, *, model_id: str, artifact_location: str, run_id: str, exam
                  python_env=PYTHON_ENV, model_config={"device": None})  # fmt: skip
     info.model_size_bytes = _size(path)
     info.save(os.path.join(path, MLMODEL_FILE_NAME))
-    conda_env, requirements, constraints, python_env = _environment(
-        tuple(modellog.pinned_requirements(packages))
-    )
+    pins = tuple(modellog.pinned_requirements(packages))
+    conda_env, requirements, constraints = _requirements(pins, installed.environment_key())
     with open(os.path.join(path, CONDA_ENV), "w") as f:
         yaml.safe_dump(conda_env, stream=f, default_flow_style=False)
     if constraints:
         _write(os.path.join(path, CONSTRAINTS), "\n".join(constraints))
     _write(os.path.join(path, REQUIREMENTS), "\n".join(requirements))
-    python_env.to_yaml(os.path.join(path, PYTHON_ENV))
+    # The interpreter and its pip, setuptools and wheel, read as save_model reads them (0.5 ms)
+    _PythonEnv.current().to_yaml(os.path.join(path, PYTHON_ENV))
 
 
 @functools.lru_cache(maxsize=16)
-def _environment(pins: tuple[str, ...]):
-    """conda.yaml's content, requirements.txt's lines, constraints and python_env.yaml's
-    content for these pins (mlflow's own pin added): the same for every model of the
-    process that pins the same packages (the jobs of a sweep)."""
+def _requirements(pins: tuple[str, ...], environment: tuple):
+    """conda.yaml's content, requirements.txt's lines and the constraints for these pins
+    (mlflow's own pin added), computed once per set of pins and environment
+    (``installed.environment_key``): the jobs of a sweep pin the same packages."""
     with no_env_scan():
         conda_env, requirements, constraints = _process_pip_requirements(None, list(pins), None)
-    return conda_env, tuple(requirements), tuple(constraints), _PythonEnv.current()
+    return conda_env, tuple(requirements), tuple(constraints)
 
 
 def _size(path: str) -> int:

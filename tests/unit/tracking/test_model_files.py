@@ -57,8 +57,8 @@ def test_the_files_are_those_mlflow_pytorch_save_model_writes(tmp_path, failing)
     theirs(str(tmp_path / "theirs"), snapshot)
     assert files(tmp_path / "ours") == files(tmp_path / "theirs")
     for name in files(tmp_path / "ours") - {"MLmodel", "data/model.pth"}:
-        same = filecmp.cmp(tmp_path / "ours" / name, tmp_path / "theirs" / name, shallow=False)
-        assert same, name
+        mine, want = (tmp_path / d / name for d in ("ours", "theirs"))
+        assert filecmp.cmp(mine, want, shallow=False), (name, mine.read_bytes(), want.read_bytes())
     mine, want = (
         yaml.safe_load((tmp_path / d / "MLmodel").read_text()) for d in ["ours", "theirs"]
     )
@@ -91,3 +91,17 @@ def test_mlflow_still_caches_its_module_to_package_map_where_no_env_scan_sets_it
     with model_files.no_env_scan():
         inside = reqs._MODULES_TO_PACKAGES  # noqa: SLF001
     assert inside == {} if before is None else inside is before
+
+
+def test_the_environment_files_follow_the_environment_they_are_written_in(tmp_path, monkeypatch):
+    """Computed once per environment, not once per process: a wheel installed meanwhile (here
+    a distribution put on sys.path) is in the next model's files."""
+    snapshot = ModelSnapshot(torch.nn.Linear(4, 3), np.zeros((2, 4), dtype=np.float32))
+    ours(str(tmp_path / "before"), snapshot)
+    site = tmp_path / "site" / "wheel-99.0.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: wheel\nVersion: 99.0\n")
+    monkeypatch.syspath_prepend(str(site.parent))
+    ours(str(tmp_path / "after"), snapshot)
+    assert "wheel==99.0" not in (tmp_path / "before" / "python_env.yaml").read_text()
+    assert "wheel==99.0" in (tmp_path / "after" / "python_env.yaml").read_text()
