@@ -8,11 +8,11 @@ by a field of ``Startup`` so that ``scripts/bench_fixed_cost.py --startup`` meas
 each one off cost there (seconds of wall time, median of 3 rounds, tracked / ``tracking=none``;
 a 2-core CPU, lightly shared, 2026-12-01, the recorder host 2026-12-02; docs/benchmarks.md):
 
-- ``recorder_host`` (+0.9 s tracked): a tracked ``ampsweep train`` of one run forks, first,
-  the process that imports MLflow and makes the run's MLflow calls (``tracking.host``), so
-  MLflow imports on the other core while this one imports torch; the command imports no
-  MLflow (``recorder_modules``). It costs about 0.25 s more CPU in all (what both processes
-  import). A sweep imports MLflow in the command, once for all its jobs.
+- ``recorder_host`` (+0.9 s tracked): a tracked ``ampsweep train`` of one run (or ``ampsweep
+  reproduce``) forks, first, the process that imports MLflow and makes the run's MLflow calls
+  (``tracking.host``), so MLflow imports on the other core while this one imports torch; the
+  command imports no MLflow (``recorder_modules``). It costs about 0.25 s more CPU in all (what
+  both processes import). A sweep imports MLflow in the command, once for all its jobs.
 - ``collector_off`` (+1.2 / +0.6 s): the modules a training command needs (``modules``) are
   imported up front with the garbage collector off. While they import, Python otherwise runs
   full collections over the growing heap that find nothing.
@@ -87,13 +87,13 @@ def modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tup
 
 def recorder_modules(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple:
     """What the recorder host imports (``tracking.host``), for a command that has one: a
-    tracked ``ampsweep train`` of one run (a sweep imports MLflow once for all its jobs, and
-    runs its report in the command's process); none for any other command."""
-    if not argv or argv[0] != "train":
+    tracked ``ampsweep train`` of one run, or ``ampsweep reproduce`` (one run again); none
+    for any other command (a sweep imports MLflow once for all its jobs and runs its report
+    in the command's process; capacity and doctor run several trainings in theirs)."""
+    if not argv or argv[0] not in ("train", "reproduce"):
         return ()
-    hydra = _read(argv[1:])
-    if hydra is None or hydra.multirun:
-        return ()
+    if argv[0] == "train" and getattr(_read(argv[1:]), "multirun", True):
+        return ()  # a sweep, or a line Hydra refuses
     return tuple(
         name for name in modules(argv, environ) if name in PRELOAD_MLFLOW + PRELOAD_DATABASE
     )

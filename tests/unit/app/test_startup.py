@@ -63,10 +63,13 @@ def test_a_single_tracked_run_has_mlflow_imported_by_its_recorder_host_and_no_ot
         ["train", "--multirun", "precision=fp32,bf16"],
         ["train", "tracking=none"],
         ["train", "--cfg", "job"],
-        ["reproduce", "abc"],
+        ["reproduce", "abc", "tracking=none"],
+        ["capacity", "--help"],
         ["report"],
     ):
         assert startup.recorder_modules(other, {}) == (), other
+    reproduce = ["reproduce", "0123abcd", "trainer.max_steps=1"]  # one run again
+    assert startup.recorder_modules(reproduce, {}) == PRELOAD_MLFLOW + PRELOAD_DATABASE
     assert startup.recorder_modules(argv, {"WORLD_SIZE": "2", "RANK": "1"}) == ()
 
 
