@@ -172,17 +172,8 @@ def is_sqlite_file(path: Path) -> bool:
     its tables there)."""
     if not path.is_file() or path.stat().st_size == 0:
         return True
-    # Asked of SQLite, never by open() and close(): closing any descriptor of the file drops
-    # every POSIX lock this process's SQLite connections hold on it (sqlite.org/howtocorrupt,
-    # 2.2), and a sweep checks its store per job while the last job's model is still being
-    # written: two sweeps on one store then corrupted it. SQLite's own connections share
-    # their locks.
     try:
-        con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1)
-        try:
-            con.execute("PRAGMA schema_version").fetchone()
-        finally:
-            con.close()
+        _ask(path, "PRAGMA schema_version")
     except sqlite3.DatabaseError as err:  # locked or busy is a database too
         return "not a database" not in str(err)
     return True
@@ -194,14 +185,25 @@ def holds_mlflow_tables(uri: str) -> bool:
     path = sqlite_path(uri)
     if path is None or not path.is_file():
         return False
-    try:  # read-only, through SQLite (is_sqlite_file says why: never open() and close())
-        con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1)
-        try:
-            return con.execute("SELECT 1 FROM alembic_version").fetchone() is not None
-        finally:
-            con.close()
+    try:
+        return _ask(path, "SELECT 1 FROM alembic_version") is not None
     except sqlite3.Error:
         return False
+
+
+def _ask(path: Path, sql: str):
+    """The first row of a read-only query on the SQLite file ``path``.
+
+    Asked of SQLite, never by open() and close(): closing any descriptor of the file drops
+    every POSIX lock this process's SQLite connections hold on it (sqlite.org/howtocorrupt,
+    2.2), and a sweep checks its store per job while the last job's model is still being
+    written: two sweeps on one store then corrupted it. SQLite's own connections share their
+    locks."""
+    con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1)
+    try:
+        return con.execute(sql).fetchone()
+    finally:
+        con.close()
 
 
 def not_a_database(key: str, uri: str, path: Path) -> str:
