@@ -138,7 +138,7 @@ def _restore_torch_flags(flags: dict) -> None:
 def isolated(tmp_path: Path):
     """Run the test in its own temporary folder (Hydra's run dirs, outputs/ and checkpoints of
     in-process jobs land there), then restore the environment, torch's global flags and the
-    SIGTERM/SIGINT handlers and the root logger's handlers."""
+    SIGTERM/SIGINT handlers, the root logger's handlers and MLflow's tracking URI."""
     cwd, env = os.getcwd(), os.environ.copy()
     flags = _torch_flags()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -162,6 +162,8 @@ def isolated(tmp_path: Path):
 
             while mlflow.active_run() is not None:
                 mlflow.end_run()
+            # runs:/ URIs resolve through the global URI: the next test's must not be this one's
+            mlflow.set_tracking_uri(None)
 
 
 # ---------------------------------------------------------------- optional system tools
