@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from slurm_fixture import tool_required
+from warm_cli import WarmForks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -350,8 +351,17 @@ def callback_env(env: dict | None = None) -> dict:
     return {**(env or {}), "PYTHONPATH": path}
 
 
-def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600):
-    """Run ``python -m ampsweep ARGS`` in a subprocess; return the CompletedProcess."""
+WARM = WarmForks()  # this test process's fork server, started on first use
+
+
+def run_cli(
+    args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600, real: bool = False
+):
+    """Run ``python -m ampsweep ARGS`` in a process of its own; return the CompletedProcess.
+    Forked from a warm process (``warm_cli``: the command's real code, without the seconds
+    of its interpreter's start and imports); ``real``: a fresh interpreter."""
+    if not real:
+        return WARM.run(args, cwd, cli_env(env), timeout)
     return subprocess.run(
         [sys.executable, "-m", "ampsweep", *args],
         cwd=cwd,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXACT, REPO, mlflow_server
+from conftest import EXACT, REPO, WARM, mlflow_server
 from slurm_fixture import job_state, slurm_cluster, wait_for, wait_state  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -92,10 +92,8 @@ def _ctrl_c_as_in_a_terminal() -> None:
 
 
 def _train(cluster, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ampsweep", "train", "-m", *ON_THIS_CLUSTER, *args], cwd=tmp_path,
-        env=_env(cluster), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    """The sweep command, forked warm (``conftest.WARM``); its jobs start as SLURM starts them."""
+    return WARM.run(["train", "-m", *ON_THIS_CLUSTER, *args], tmp_path, _env(cluster), 300)
 
 
 def _logs(tmp_path: Path) -> str:

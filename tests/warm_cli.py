@@ -1,0 +1,111 @@
+"""``python -m ampsweep ARGS`` in a process forked from a warm one, for the suite.
+
+An ``ampsweep`` process spends about 2 s of CPU importing torch, and a tracked one as long
+again importing MLflow (in its recorder host), before the few steps a test trains. The suite
+runs a few hundred of them on two cores. ``run`` starts each one instead from multiprocessing's
+fork server, which imported all of that once (``PRELOAD``: what ``app.startup`` preloads for a
+tracked training command): the child takes the command's working directory, environment,
+``sys.path`` (the folder, then ``PYTHONPATH``, then the interpreter's own, as ``python -m``
+builds it), standard streams and argv, then runs the ``ampsweep`` module as ``python -m``
+does. So the command runs its real code, with its own exit code, signals and output, in a
+process of its own; what it skips is the interpreter's start and those imports.
+
+What only a fresh interpreter shows is tested with real ones (``conftest.start_cli``, and
+``real=True`` here): which modules a command imports at all (``tests/unit/app/test_startup.py``),
+a process group signalled as a whole, the installed console script. Only the standard library
+is imported here: this module is imported again in every child, before the command. (Under
+``python -m pytest -n 0`` the child also imports ``pytest.__main__``, as multiprocessing
+imports the parent's main module; an xdist worker's has nothing to import.)
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+
+# What a tracked training command imports (app.startup.modules and the recorder host's
+# modules), imported once in the fork server. A module that fails to import is left out
+# (multiprocessing ignores it), and the command then imports it itself.
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "hydra",
+    "mlflow",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "ampsweep.app.cli",
+    "ampsweep.app.job",
+    "ampsweep.engine.components",
+    "ampsweep.tracking.sweep",
+    "ampsweep.tracking.mlflow_calls",
+]
+
+
+class WarmForks:
+    """The fork server of this test process, started on first use (a few seconds, once)."""
+
+    def __init__(self):
+        self._context = None
+        self._base_path: list[str] | None = None
+
+    def context(self):
+        if self._context is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(PRELOAD)
+            self._context = context
+        return self._context
+
+    def base_path(self) -> list[str]:
+        """``sys.path`` of a fresh interpreter without PYTHONPATH, less its first entry (the
+        script's folder, or the working directory under ``-m``)."""
+        if self._base_path is None:
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            out = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path[1:]))"],
+                                 env=env, capture_output=True, text=True, check=True)  # fmt: skip
+            self._base_path = eval(out.stdout)  # noqa: S307 - our own interpreter's repr of a list
+        return self._base_path
+
+    def run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        """``python -m ampsweep ARGS`` run in ``cwd`` with exactly ``env``, forked warm."""
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+            for path in (out, err):  # there to read even if the child dies before it runs
+                open(path, "w").close()
+            child = self.context().Process(
+                target=_command, args=(list(args), str(cwd), dict(env), out, err, self.base_path())
+            )
+            child.start()
+            child.join(timeout)
+            if child.exitcode is None:  # still running: as subprocess.run does on a timeout
+                child.kill()
+                child.join()
+                raise subprocess.TimeoutExpired([sys.executable, "-m", "ampsweep", *args], timeout)
+            with open(out, encoding="utf-8", errors="replace") as f:
+                stdout = f.read()
+            with open(err, encoding="utf-8", errors="replace") as f:
+                stderr = f.read()
+        return subprocess.CompletedProcess(
+            [sys.executable, "-m", "ampsweep", *args], child.exitcode, stdout, stderr
+        )
+
+
+def _command(args, cwd, env, out, err, base_path) -> None:
+    """In the forked child: become ``python -m ampsweep ARGS`` started in ``cwd`` with ``env``."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [cwd, *extra, *base_path]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+                            (1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):  # fmt: skip
+        opened = os.open(path, flags, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = ["-m", *args]  # runpy puts the module's path first, as python -m does
+    runpy.run_module("ampsweep", run_name="__main__", alter_sys=True)
