@@ -182,11 +182,13 @@ def plain_loop(cfg, steps: int) -> tuple[float, float]:
         g = torch.Generator().manual_seed(seed_for(t.seed, epoch))
         order = torch.randperm(n, generator=g).to(device)
         for i in range(n // bs):
+            idx = order[i * bs : (i + 1) * bs]
+            x, y = xt[idx], yt[idx]
+            # The step is timed from here, after its batch is gathered, as the runner's
+            # StepTimer times it (its batch comes from the iterator before the timer starts).
             t0 = time.perf_counter()
             if device.type == "cuda":
                 events.append(_event_pair())
-            idx = order[i * bs : (i + 1) * bs]
-            x, y = xt[idx], yt[idx]
             with torch.autocast(device.type, dtype=half, enabled=spec.autocast):
                 loss = F.cross_entropy(model(x).float(), y)
             scaler.scale(loss).backward()
