@@ -6,6 +6,7 @@ database, read-only or locked (one line each), and two identical sweeps launched
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import sqlite3
@@ -233,12 +234,12 @@ def test_two_identical_sweeps_launched_together_never_share_a_run(tmp_path, stor
             "trainer.max_steps=20", "trainer.checkpoint_every=5", "tracking.log_model=true",
             f"tracking.uri={store_uri}"]  # fmt: skip
     client = store.client_for(store_uri)
-    for _ in range(5):  # the race showed in every try before runs had one owner
-        procs = [start_cli(args, tmp_path), start_cli(args, tmp_path)]
-        for proc in procs:
-            out, err = proc.communicate(timeout=600)
-            assert proc.returncode == 0, err[-3000:]
-            assert "recorded no run" not in err
+    # Both commands forked warm at once, from two threads (run_cli waits for its command).
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for _ in range(5):  # the race showed in every try before runs had one owner
+            for proc in pool.map(lambda _: run_cli(args, tmp_path), range(2)):
+                assert proc.returncode == 0, proc.stderr[-3000:]
+                assert "recorded no run" not in proc.stderr
     runs = all_runs(store_uri)
     parents = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
     assert len({p.data.tags[store.SWEEP_DIR] for p in parents}) == len(parents) == 10
