@@ -20,12 +20,14 @@ imports the parent's main module; an xdist worker's has nothing to import.)
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import runpy
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 # What a tracked training command imports (app.startup.modules and the recorder host's
 # modules), imported once in the fork server. A module that fails to import is left out
@@ -63,17 +65,19 @@ class WarmForks:
         script's folder, or the working directory under ``-m``)."""
         if self._base_path is None:
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            out = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path[1:]))"],
-                                 env=env, capture_output=True, text=True, check=True)  # fmt: skip
-            self._base_path = eval(out.stdout)  # noqa: S307 - our own interpreter's repr of a list
+            code = "import json, sys; print(json.dumps(sys.path[1:]))"
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                 text=True, check=True)  # fmt: skip
+            self._base_path = json.loads(out.stdout)
         return self._base_path
 
     def run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
         """``python -m ampsweep ARGS`` run in ``cwd`` with exactly ``env``, forked warm."""
+        command = [sys.executable, "-m", "ampsweep", *args]  # what it stands for
         with tempfile.TemporaryDirectory() as folder:
-            out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+            out, err = Path(folder, "stdout"), Path(folder, "stderr")
             for path in (out, err):  # there to read even if the child dies before it runs
-                open(path, "w").close()
+                path.touch()
             child = self.context().Process(
                 target=_command, args=(list(args), str(cwd), dict(env), out, err, self.base_path())
             )
@@ -82,14 +86,9 @@ class WarmForks:
             if child.exitcode is None:  # still running: as subprocess.run does on a timeout
                 child.kill()
                 child.join()
-                raise subprocess.TimeoutExpired([sys.executable, "-m", "ampsweep", *args], timeout)
-            with open(out, encoding="utf-8", errors="replace") as f:
-                stdout = f.read()
-            with open(err, encoding="utf-8", errors="replace") as f:
-                stderr = f.read()
-        return subprocess.CompletedProcess(
-            [sys.executable, "-m", "ampsweep", *args], child.exitcode, stdout, stderr
-        )
+                raise subprocess.TimeoutExpired(command, timeout)
+            stdout, stderr = (p.read_text(encoding="utf-8", errors="replace") for p in (out, err))
+        return subprocess.CompletedProcess(command, child.exitcode, stdout, stderr)
 
 
 def _command(args, cwd, env, out, err, base_path) -> None:

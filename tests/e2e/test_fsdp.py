@@ -296,11 +296,8 @@ def test_a_killed_fsdp_run_resumes_to_the_same_weights_on_two_ranks_and_on_one(
 def mlflow_pytorch_load(uri: str, run_id: str) -> dict:
     import mlflow
 
-    mlflow.set_tracking_uri(uri)  # runs:/ URIs resolve through the global URI
-    try:
-        return mlflow.pytorch.load_model(f"runs:/{run_id}/{store.MODEL_NAME}").state_dict()
-    finally:
-        mlflow.set_tracking_uri(None)
+    mlflow.set_tracking_uri(uri)  # runs:/ URIs resolve through it (conftest resets it after)
+    return mlflow.pytorch.load_model(f"runs:/{run_id}/{store.MODEL_NAME}").state_dict()
 
 
 @pytest.mark.slow
