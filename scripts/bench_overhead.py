@@ -34,6 +34,17 @@ ratios of runs made back to back. Two run lengths by default: 300 steps (15 repe
 the one-off work of a run is a visible share, and 1,200 steps (5 repetitions), where it is not.
 
   python scripts/bench_overhead.py --components      # what each piece costs, timed alone
+  python scripts/bench_overhead.py --interleaved     # runner and plain steps, alternated
+
+``--interleaved`` runs the runner (``fit``, tracking off) with a callback that takes, after each
+of its steps, one step of the plain loop on a twin of its model, optimizer and data: the two
+loops alternate step by step in one run, so the machine's drift hits both alike, and two
+plain loops compared so agree within 1%. It prints the ratio of the median steps (each timed
+after its batch is gathered) and of the median "full" steps (a plain step with its gather; a
+runner step from the end of one plain step to the start of the next, its batch, bookkeeping and
+callbacks in) with what the runner adds a step in microseconds, and exits 1 when the latter
+ratio is below 0.98. One-off work (the FLOP count after training, the final evaluation) is not
+in it: ``--components`` times that.
 
 On a virtual machine whose speed drifts by tens of percent from one run to the next, paired
 whole runs cannot resolve a gap of 2%. ``--components`` times, each on its own and many times
@@ -53,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import os
 import platform
 import statistics
@@ -98,13 +110,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     # Many short interleaved runs rather than a few long ones: on a shared or virtual machine
     # the speed drifts over seconds, and a ratio of two runs made back to back cancels it.
-    p.add_argument("--steps", default="300,1200", help="optimizer steps per run, one or more "
-                   "run lengths (default 300,1200)")  # fmt: skip
-    p.add_argument("--reps", default="15,5", help="interleaved repetitions of each run length "
-                   "(default 15,5)")  # fmt: skip
+    p.add_argument("--steps", help="optimizer steps per run, one or more run lengths "
+                   "(default 300,1200; 1200 with --interleaved)")  # fmt: skip
+    p.add_argument("--reps", help="interleaved repetitions of each run length "
+                   "(default 15,5; 5 with --interleaved)")  # fmt: skip
     p.add_argument("--override", action="append", default=[], help="extra config overrides")
     p.add_argument("--components", action="store_true",
                    help="time each piece the runner and recording add, alone")  # fmt: skip
+    p.add_argument("--interleaved", action="store_true",
+                   help="the runner's steps against plain steps on a twin, alternated step by "
+                   "step in one run (default here: --steps 1200 --reps 5)")  # fmt: skip
     p.add_argument("--mlflow-here", action="store_true",
                    help="record from this process, as a sweep's jobs do (default: through a "
                    "recorder host, as a single `ampsweep train` does)")  # fmt: skip
@@ -114,7 +129,10 @@ def parse_args() -> argparse.Namespace:
         default=os.environ.get("AMPSWEEP_BENCH_QUICK") == "1",
         help="dry run: 8 steps, 1 repetition, a tiny model (also AMPSWEEP_BENCH_QUICK=1)",
     )
-    return p.parse_args()
+    args = p.parse_args()
+    default_steps, default_reps = ("1200", "5") if args.interleaved else ("300,1200", "15,5")
+    args.steps, args.reps = args.steps or default_steps, args.reps or default_reps
+    return args
 
 
 def overrides(args, mode: str, steps: int, extra: list[str]) -> list[str]:
@@ -189,12 +207,7 @@ def plain_loop(cfg, steps: int) -> tuple[float, float]:
             t0 = time.perf_counter()
             if device.type == "cuda":
                 events.append(_event_pair())
-            with torch.autocast(device.type, dtype=half, enabled=spec.autocast):
-                loss = F.cross_entropy(model(x).float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
+            plain_step(model, opt, scaler, device, half, spec.autocast, x, y)
             step += 1
             if device.type == "cuda":
                 events[-1][1].record()
@@ -214,6 +227,16 @@ def plain_loop(cfg, steps: int) -> tuple[float, float]:
     step_ms += [a.elapsed_time(b) for a, b in events]
     warm = step_ms[t.timing_warmup_steps :] or step_ms
     return wall, statistics.median(warm) if warm else float("nan")
+
+
+def plain_step(model, opt, scaler, device, half, autocast: bool, x, y) -> None:
+    """One step of a hand-written AMP loop."""
+    with torch.autocast(device.type, dtype=half, enabled=autocast):
+        loss = F.cross_entropy(model(x).float(), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
 
 
 def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
@@ -256,6 +279,78 @@ def run_variant(args, variant: str, mode: str, steps: int, store: str):
     if variant == "plain loop":
         return plain_loop(cfg, steps)
     return runner(cfg, store if variant == "runner+mlflow" else None)
+
+
+# ---------------------------------------------------------------- step by step, interleaved
+
+
+class PlainTwin(loop.Callback):
+    """After each of the runner's steps, one plain step (``plain_step``, its batch gathered as
+    the plain loop gathers it) on a twin of the runner's model, optimizer and data: both loops
+    then run under the same machine state, step for step."""
+
+    def __init__(self, twin, cfg, device: torch.device):
+        spec = policy.resolve_mode(cfg.precision.name, device)
+        self.half, self.autocast = policy.TORCH_DTYPES[spec.dtype], spec.autocast
+        self.twin, self.device, self.seed = twin, device, cfg.trainer.seed
+        self.x, self.y = twin.train_batches.x, twin.train_batches.y
+        self.bs = cfg.trainer.batch_size
+        self.step_ms: list[float] = []  # the plain step, timed after its batch is gathered
+        self.spans: list[tuple[float, float]] = []  # (entered, left): the plain work, gather in
+
+    def after_step(self, state) -> None:
+        entered = time.perf_counter()
+        per_epoch = len(self.y) // self.bs
+        epoch, i = divmod(state.step - 1, per_epoch)
+        if i == 0:
+            g = torch.Generator().manual_seed(seed_for(self.seed, epoch))
+            self.order = torch.randperm(len(self.y), generator=g).to(self.device)
+        idx = self.order[i * self.bs : (i + 1) * self.bs]
+        x, y = self.x[idx], self.y[idx]
+        t = self.twin
+        start = time.perf_counter()
+        plain_step(t.model, t.optimizer, t.scaler, self.device, self.half, self.autocast, x, y)
+        sync(self.device)
+        left = time.perf_counter()
+        self.step_ms.append((left - start) * 1e3)
+        self.spans.append((entered, left))
+
+
+def interleaved(args, mode: str, steps: int) -> tuple[float, float, float, float]:
+    """One run of ``steps``: (plain step, runner step, plain full step, runner full step), medians
+    in ms. "full": a plain step with its gather; a runner step from the end of one plain step
+    to the start of the next (its batch, bookkeeping and callbacks in)."""
+    cfg = load(overrides(args, mode, steps, []))
+    runner_setup, twin = build.build(cfg), build.build(load(overrides(args, mode, steps, [])))
+    plain = PlainTwin(twin, cfg, runner_setup.device)
+    summary = fit(runner_setup, lambda metrics, step: None, callbacks=[plain])
+    warm = cfg.trainer.timing_warmup_steps
+    spans = plain.spans[warm:]
+    runner_full = [(b[0] - a[1]) * 1e3 for a, b in itertools.pairwise(spans)]
+    plain_full = [(left - entered) * 1e3 for entered, left in spans]
+    return (statistics.median(plain.step_ms[warm:]), summary["perf/step_time_ms"],
+            statistics.median(plain_full), statistics.median(runner_full))  # fmt: skip
+
+
+def report_interleaved(args, lengths: list[int], reps_of: list[int]) -> bool:
+    """Print the interleaved rounds; whether every median full-step ratio meets 0.98."""
+    target, met = TARGETS["runner / plain loop"][2], True
+    for mode in args.precisions.split(","):
+        interleaved(args, mode, 8)  # warm up
+        for steps, reps in zip(lengths, reps_of, strict=True):
+            rounds = [interleaved(args, mode, steps) for _ in range(reps)]
+            for p, r, pf, rf in rounds:
+                print(f"  {mode:>9} {steps:>5} steps: plain step {p:.3f} ms, runner {r:.3f} "
+                      f"ms; with batch and bookkeeping {pf:.3f} and {rf:.3f} ms")  # fmt: skip
+            step = statistics.median(p / r for p, r, _, _ in rounds)
+            full = statistics.median(pf / rf for _, _, pf, rf in rounds)
+            added = statistics.median((rf - pf) * 1e3 for _, _, pf, rf in rounds)
+            met &= full >= target
+            verdict = "meets" if full >= target else "BELOW"
+            print(f"{mode:<10} {steps:>5} steps: runner / plain loop {step:.3f} (steps), "
+                  f"{full:.3f} (with batch and bookkeeping: {added:+.0f} us a step), target "
+                  f"{target:.2f} on the latter: {verdict}", flush=True)  # fmt: skip
+    return met
 
 
 # ---------------------------------------------------------------- the pieces, alone
@@ -304,7 +399,8 @@ def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
     scaler.unscale_(opt)
     skipped = found_inf(scaler, opt)
     view = loop.StepView(1, model, opt, scaler, [(x, y)], [loss], skipped, lambda m, n: None)
-    totals = loop.Totals(device, loop.TrainState(), StepTimer(device, 1), model)
+    scaled = scaler.is_enabled()
+    totals = loop.Totals(device, loop.TrainState(), StepTimer(device, 1), model, scaled)
     watch = NonfiniteWatch(cfg.trainer.max_nonfinite_steps, 1.0, scaler)
     timer = StepTimer(device, 1)
 
@@ -315,7 +411,7 @@ def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
 
     def totals_add():
         totals.add_loss(loss)
-        totals.skipped += skipped
+        totals.add_skipped(skipped)
 
     def watch_observe():
         watch.observe(loss, skipped, scaler)
@@ -433,6 +529,10 @@ def main() -> int:
     if args.device == "cuda" and torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     print(f"at start: {load_line()}")
+    if args.interleaved:  # nothing is recorded: no recorder host
+        met = report_interleaved(args, lengths, reps_of)
+        print(f"at end:   {load_line()}")
+        return 0 if met or args.quick else 1
     if not args.mlflow_here:  # as app.startup does for a single run: MLflow in its own process
         preload = ("mlflow", host.FUNCTIONS, "mlflow.store.tracking.sqlalchemy_store")
         host.serve_this_process(host.Host.start(preload, mlflow_store.local_client))

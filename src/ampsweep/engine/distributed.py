@@ -120,14 +120,19 @@ def wrap(model, device):
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
+NO_CONTEXT = contextlib.nullcontext()  # stateless: one instance serves every `with`
+
+
 def gradient_sync(model, sync: bool):
     """A context for one micro-batch's forward and backward: ``sync=False`` keeps DDP from
     all-reducing its gradients (``no_sync``: they accumulate locally until a micro-batch with
     ``sync=True``). Nothing changes for a model without DDP (one process, or FSDP, whose
     reduce-scatter on every micro-batch is what keeps the gradients sharded)."""
+    if sync:  # every micro-batch of a run without accumulation: decided first, cheaply
+        return NO_CONTEXT
     ddp = uncompiled(model)  # DDP under torch.compile's wrapper
-    if sync or not isinstance(ddp, _ddp_class()):
-        return contextlib.nullcontext()
+    if not isinstance(ddp, _ddp_class()):
+        return NO_CONTEXT
     return ddp.no_sync()  # DDP decides in forward whether backward syncs: wrap both
 
 

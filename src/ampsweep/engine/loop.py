@@ -58,7 +58,7 @@ class StepView:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]]  # (inputs, targets) of the step
-    losses: list[torch.Tensor]  # each micro-batch's loss (unweighted, on the device)
+    losses: list[torch.Tensor]  # each micro-batch's loss (unweighted, detached, on the device)
     skipped: torch.Tensor  # 1.0 where the scaler found inf/NaN gradients (on the device)
     log: LogFn  # record metrics at this step
 
@@ -109,10 +109,19 @@ class NoStop:
 
 
 class Totals:
-    """The running totals of a run, summed on the device so that a step adds no sync."""
+    """The running totals of a run, kept on the device so that a step adds no sync, and as
+    few device ops a step as they can: a step's loss is kept (detached) and summed at the log
+    step in one op, and a run without a scaler never adds its skipped steps (always zero).
+    Losses are summed in float64, where a sum of a few fp32 values is exact in any order: a run
+    resumed mid-window (its partial sum from the checkpoint) logs the very loss the uncut run
+    logs."""
 
-    def __init__(self, device: torch.device, state: TrainState, timer: StepTimer, model):
-        self.loss_sum = torch.full((), state.loss_sum, device=device)
+    FOLD = 256  # losses kept at most before they are summed (a run that rarely logs)
+
+    def __init__(self, device: torch.device, state: TrainState, timer: StepTimer, model, scaled):
+        self.device, self.scaled = device, scaled
+        self._losses: list[torch.Tensor] = []  # this log window's, detached
+        self._carried = torch.full((), state.loss_sum, dtype=torch.float64, device=device)
         self.loss_terms = state.loss_terms
         self.skipped = torch.full((), state.skipped, device=device)
         self.meter = SavedTensorMeter(model, state.activation_bytes)
@@ -120,20 +129,37 @@ class Totals:
         self.timer = timer
         self.started = time.perf_counter() - state.wall_s
 
-    def add_loss(self, loss: torch.Tensor) -> None:
-        self.loss_sum += loss.detach()
+    def add_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Count a micro-batch's loss; returns it detached (the graph is not kept alive)."""
+        detached = loss.detach()
+        self._losses.append(detached)
         self.loss_terms += 1
+        if len(self._losses) == self.FOLD:
+            self._carried = self._loss_sum()
+            self._losses.clear()
+        return detached
+
+    def add_skipped(self, skipped: torch.Tensor) -> None:
+        if self.scaled:  # without a scaler no step is ever skipped
+            self.skipped += skipped
+
+    def _loss_sum(self) -> torch.Tensor:
+        if not self._losses:
+            return self._carried.clone()
+        return self._carried + torch.stack(self._losses).double().sum()
 
     def take_metrics(self, schedule, scaler: torch.amp.GradScaler) -> dict[str, float]:
         """The metrics of a log step, then a fresh loss window (a sync point)."""
-        distributed.all_reduce(self.loss_sum)  # the mean over every rank's batches
+        loss_sum = self._loss_sum()
+        distributed.all_reduce(loss_sum)  # the mean over every rank's batches
         world = distributed.current().world_size
-        metrics = {"train/loss": self.loss_sum.item() / self.loss_terms / world}
+        metrics = {"train/loss": loss_sum.item() / self.loss_terms / world}
         metrics["train/lr"] = schedule.get_last_lr()[0]
         if scaler.is_enabled():
             metrics["amp/loss_scale"] = scaler.get_scale()
             metrics["amp/skipped_steps"] = self.skipped.item()
-        self.loss_sum.zero_()
+        self._losses.clear()
+        self._carried.zero_()
         self.loss_terms = 0
         return metrics
 
@@ -143,7 +169,7 @@ class Totals:
     def state_dict(self) -> dict:
         """The totals as plain numbers, for a checkpoint's TrainState (a sync)."""
         return {
-            "loss_sum": self.loss_sum.item(),
+            "loss_sum": self._loss_sum().item(),
             "loss_terms": self.loss_terms,
             "skipped": self.skipped.item(),
             "activation_bytes": self.meter.bytes,
@@ -205,7 +231,7 @@ def fit(
     loss_weight = t.loss_multiplier / accum  # what backward sees (train/loss is unweighted)
     state = state or TrainState()
     timer = StepTimer(s.device, t.timing_warmup_steps)
-    totals = Totals(s.device, state, timer, model)
+    totals = Totals(s.device, state, timer, model, scaled=scaler.is_enabled())
     watch = totals.watch = NonfiniteWatch(
         t.max_nonfinite_steps,
         s.cfg.precision.scaler.min_scale,
@@ -214,6 +240,8 @@ def fit(
         explain=s.locator.advice,
     )
     callbacks = [*s.callbacks, *callbacks]
+    before_update = _hooked(callbacks, "before_update")
+    after_step = _hooked(callbacks, "after_step")
     plain = distributed.unwrap(model)
     step_batches, step_losses = [], []  # the current step's micro-batches (references)
     evaluation = (float("nan"), float("nan"))  # (val/loss, the task's score)
@@ -237,9 +265,9 @@ def fit(
                     loss = objective(logits, y)
                 # Scale the loss so small fp16 gradients do not underflow (a no-op when off).
                 scaler.scale(_weighted(loss, loss_weight)).backward()
-            totals.add_loss(loss)
+            detached = totals.add_loss(loss)
             step_batches.append((x, y))
-            step_losses.append(loss)
+            step_losses.append(detached)
             state.batch += 1
             if state.batch % accum:
                 continue  # accumulate gradients over micro-batches
@@ -250,7 +278,7 @@ def fit(
             skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
             view = StepView(state.step + 1, plain, optimizer, scaler, step_batches, step_losses,
                             skipped, log)  # fmt: skip
-            for callback in callbacks:  # e.g. locate a non-finite step before it is applied
+            for callback in before_update:  # e.g. locate a non-finite step before it is applied
                 callback.before_update(view)
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
@@ -260,8 +288,8 @@ def fit(
             _schedule_step(s.schedule, first=state.step == 0)
             state.step += 1
             timer.stop()
-            totals.skipped += skipped
-            watch.observe(loss, skipped, scaler)  # divergence: settled at log steps
+            totals.add_skipped(skipped)
+            watch.observe(detached, skipped, scaler)  # divergence: settled at log steps
 
             if state.step % t.log_every == 0:
                 metrics = totals.take_metrics(s.schedule, scaler)  # a sync point
@@ -271,7 +299,7 @@ def fit(
             if checkpoints.due(state.step) and not _finished(state, t):
                 watch.check(state.step)  # never checkpoint a run that has diverged
                 checkpoints.save(s, totals.save_to(state))
-            for callback in callbacks:
+            for callback in after_step:
                 callback.after_step(state)
             if stop.requested:  # SIGTERM / Ctrl-C, seen between optimizer steps
                 progress.end_epoch()
@@ -287,6 +315,12 @@ def fit(
     watch.check(state.step)  # the steps since the last log step
     checkpoints.save(s, totals.save_to(state), complete=True)
     return summarise(s, state, totals, evaluation)
+
+
+def _hooked(callbacks: list[Callback], hook: str) -> list[Callback]:
+    """The callbacks that do something at ``hook``: an inherited no-op of ``Callback`` is left
+    out (a call a step, for nothing)."""
+    return [c for c in callbacks if getattr(type(c), hook, None) is not getattr(Callback, hook)]
 
 
 def _batches_left(s: Setup, state: TrainState):

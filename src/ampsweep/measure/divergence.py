@@ -46,21 +46,26 @@ class NonfiniteWatch:
         self._window: list[tuple] = []  # the steps not yet settled (since the last check)
 
     def observe(self, loss: torch.Tensor, skipped: torch.Tensor, scaler) -> None:
-        """After ``scaler.update()``: remember this step (no device work, no sync)."""
+        """After ``scaler.update()``: remember this step (no device work, no sync). ``loss``:
+        detached (kept until the next check; the loop's running totals detach it once)."""
         if not self.limit:
             return
         # Private: the public get_scale() is a float, read with a sync each step; the scale
         # stays on the device here (checked on torch 2.14.1; tests/unit/measure/
         # test_divergence.py fails if it moves).
         scale = scaler._scale.clone() if self.lowering else None  # noqa: SLF001
-        self._window.append((loss.detach(), skipped if self.scaled else None, scale))
+        self._window.append((loss, skipped if self.scaled else None, scale))
 
     def _settle(self) -> None:
         if not self._window:
             return
         losses, skips, scales = zip(*self._window, strict=True)
         self._window.clear()
-        bad = (~torch.isfinite(torch.stack([x.float() for x in losses]))).tolist()
+        finite = torch.isfinite(torch.stack(losses))
+        if not self.scaled and bool(finite.all()):  # the usual window: one read, no list
+            self.run = 0
+            return
+        bad = (~finite).tolist()
         if self.scaled:
             skipped = torch.stack([x.float() for x in skips]).cpu().gt(0).tolist()
             bad = [b or s for b, s in zip(bad, skipped, strict=True)]

@@ -14,6 +14,9 @@ from ampsweep.measure.flops import cross_entropy
 MIB = 1024**2
 
 
+NO_RECORDING = contextlib.nullcontext()  # stateless: shared by every step not measured
+
+
 class SavedTensorMeter:
     """Bytes of the tensors autograd saves for backward: the activation memory AMP halves.
 
@@ -42,11 +45,13 @@ class SavedTensorMeter:
             self.by_dtype[name] = self.by_dtype.get(name, 0) + size
         return t
 
+    def record(self, enabled: bool = True) -> contextlib.AbstractContextManager:
+        """Count what autograd saves inside this context (the loop measures its very first
+        micro-batch only; the others get a plain null context, cheaper than a generator's)."""
+        return self._recording() if enabled else NO_RECORDING
+
     @contextlib.contextmanager
-    def record(self, enabled: bool = True):
-        if not enabled:
-            yield
-            return
+    def _recording(self):
         self._seen.clear()
         self.bytes = 0
         self.by_dtype = {}

@@ -30,6 +30,7 @@ not show again: the origin then says so (``reproduced`` false).
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -37,6 +38,8 @@ from ampsweep.measure.origin import Origin
 from ampsweep.measure.probe import HookError
 from ampsweep.measure.replay import from_gradients, replay
 from ampsweep.precision.policy import PrecisionPolicy
+
+GRAD = operator.attrgetter("grad")
 
 
 class NonfiniteLocator:
@@ -53,7 +56,7 @@ class NonfiniteLocator:
     def _grads(self, module: torch.nn.Module) -> list[torch.Tensor]:
         if self._params is None:
             self._params = list(module.parameters())
-        return [p.grad for p in self._params if p.grad is not None]
+        return [g for g in map(GRAD, self._params) if g is not None]  # each .grad read once
 
     def before_update(self, view) -> None:
         """After ``unscale_``, before clipping and the update (the loop's step view)."""
@@ -115,47 +118,74 @@ class NoLocator:
 
 def _nonfinite(view, grads: list[torch.Tensor], check: GradientCheck) -> bool:
     """Whether this step's loss or gradients held inf/NaN. Each finite step pays this, so it is
-    a handful of operations: with a scaler, its own inf check; without, ``check`` over the
-    gradients; then the loss (summed over the micro-batches), read. The gradients are checked
-    first and always: every rank takes part in FSDP's reduction of the flag, whatever its own
-    loss was."""
-    if view.scaler.is_enabled():
-        bad = view.skipped.item() > 0  # the scaler's own check, already made
-    else:
-        bad = check.nonfinite(grads)
+    a handful of operations: with a scaler, its own inf check, then the loss (summed over the
+    micro-batches), read; without, one ``check`` of the gradients and the losses together. The
+    gradients are checked first and always: every rank takes part in FSDP's reduction of the
+    flag, whatever its own loss was."""
     losses = view.losses
+    if not view.scaler.is_enabled():  # the gradients and the losses in one check, one read
+        return check.nonfinite([*grads, *(x.detach() if x.requires_grad else x for x in losses)])
+    bad = view.skipped.item() > 0  # the scaler's own check, already made
     loss = losses[0] if len(losses) == 1 else torch.stack([x.detach() for x in losses]).sum()
     return bad or not math.isfinite(loss.item())  # the step's sync point (none on the CPU)
 
 
 class GradientCheck:
-    """Whether any gradient holds inf/NaN, in one pass: GradScaler's own check
-    (``torch._amp_foreach_non_finite_check_and_unscale_``, private: checked on torch
-    2.14.1, tests/unit/measure/test_numerics.py fails if it moves) at a scale of 1, so the gradients
-    are left as they were (x * 1 is x). One call per device and dtype, where a norm per
-    gradient and their sum cost 5x as much on the CPU (checked on torch 2.14); under FSDP,
-    DTensor reduces the flag over the ranks, as it does for GradScaler."""
+    """Whether any of a step's tensors (its gradients, its losses) holds inf/NaN, in one pass:
+    GradScaler's own check (``torch._amp_foreach_non_finite_check_and_unscale_``, private:
+    checked on torch 2.14.1, tests/unit/measure/test_numerics.py fails if it moves) at a scale
+    of 1, so the tensors are left as they were (x * 1 is x). A norm per gradient and their sum
+    cost 5x as much on the CPU (checked on torch 2.14); under FSDP, DTensor reduces the flag
+    over the ranks, as it does for GradScaler.
+
+    Every step pays this, so the usual case is one call with no Python per tensor: plain
+    strided tensors on one device (the kernel takes mixed dtypes). Otherwise (sparse
+    gradients, FSDP's DTensors beside plain losses, several devices) one call per device,
+    dtype and tensor type. The first call decides, and a later step whose tensors break the
+    single call (the kernel refuses them) falls back to the groups for good."""
 
     def __init__(self):
         self._flags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._single: tuple[torch.Tensor, torch.Tensor] | None = None  # (flag, one)
+        self._grouped = False  # once grouped, always grouped
 
-    def nonfinite(self, grads: list[torch.Tensor]) -> bool:
-        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for g in grads:
-            values = g._values() if g.is_sparse else g  # a sparse gradient: its stored values
-            groups.setdefault((g.device, g.dtype), []).append(values)
+    def nonfinite(self, tensors: list[torch.Tensor]) -> bool:
+        if self._single is not None:
+            flag, one = self._single
+            try:
+                torch._amp_foreach_non_finite_check_and_unscale_(tensors, flag, one)
+            except RuntimeError:  # e.g. a sparse gradient: not seen on the first step
+                self._single, self._grouped = None, True
+                flag.zero_()  # the call may have stopped part-way
+            else:
+                return _read(flag)
+        groups: dict[tuple[torch.device, torch.dtype, type, bool], list[torch.Tensor]] = {}
+        for t in tensors:
+            values = t._values() if t.is_sparse else t  # a sparse gradient: its stored values
+            # by type too: FSDP's gradients (DTensors) cannot share a call with plain tensors
+            groups.setdefault((t.device, t.dtype, type(values), t.is_sparse), []).append(values)
         flags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        for (device, _), group in groups.items():
-            if device not in flags:  # one flag per device, set by any of its dtypes' groups
+        for (device, _, _, _), group in groups.items():
+            if device not in flags:  # one flag per device, set by any of its groups
                 flags[device] = self._flag(device)
             flag, one = flags[device]
             torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)
-        return any(bool(flag) for flag, _ in flags.values())
+        plain = all(kind is torch.Tensor and not sparse for _, _, kind, sparse in groups)
+        if len(flags) == 1 and plain and not self._grouped:
+            self._single = next(iter(flags.values()))
+        return any([_read(flag) for flag, _ in flags.values()])  # a list: every flag is reset
 
     def _flag(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The device's flag, zeroed, and the scale of 1 (made once per device)."""
+        """The device's flag (zero) and the scale of 1, made once per device."""
         if device not in self._flags:
             self._flags[device] = torch.zeros(1, device=device), torch.ones(1, device=device)
-        flag, one = self._flags[device]
-        flag.zero_()
-        return flag, one
+        return self._flags[device]
+
+
+def _read(flag: torch.Tensor) -> bool:
+    """Whether the check set ``flag``; it is zeroed again only then, so a finite step pays no
+    zeroing op."""
+    if not bool(flag):
+        return False
+    flag.zero_()
+    return True

@@ -102,3 +102,21 @@ def test_the_gradient_check_reads_a_sparse_gradient_by_its_values():
         [[0, 2]], torch.tensor([1.0, float("inf")]), (4,), check_invariants=True
     )
     assert check.nonfinite([dense, bad])
+
+
+def test_the_gradient_check_of_dense_steps_still_reads_a_sparse_gradient_that_comes_later():
+    """Steps of plain tensors take one call; a sparse gradient after them (the single call
+    refuses it) is read by its values, and the check stays right for every step after."""
+    check = GradientCheck()
+    dense, loss = torch.randn(3), torch.tensor(1.0)
+    assert not check.nonfinite([dense, loss])
+    assert check.nonfinite([torch.tensor([1.0, float("nan")]), loss])
+    assert not check.nonfinite([dense, loss])
+
+    def sparse(value):
+        return torch.sparse_coo_tensor([[0, 2]], torch.tensor([1.0, value]), (4,))
+
+    assert check.nonfinite([dense, sparse(float("inf")), loss])
+    assert not check.nonfinite([dense, sparse(2.0), loss])
+    assert check.nonfinite([dense, torch.tensor(float("-inf"))])
+    assert not check.nonfinite([dense, loss])
