@@ -114,7 +114,9 @@ def test_the_gradient_check_of_dense_steps_still_reads_a_sparse_gradient_that_co
     assert not check.nonfinite([dense, loss])
 
     def sparse(value):
-        return torch.sparse_coo_tensor([[0, 2]], torch.tensor([1.0, value]), (4,))
+        return torch.sparse_coo_tensor(
+            [[0, 2]], torch.tensor([1.0, value]), (4,), check_invariants=True
+        )
 
     assert check.nonfinite([dense, sparse(float("inf")), loss])
     assert not check.nonfinite([dense, sparse(2.0), loss])
