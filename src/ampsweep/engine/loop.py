@@ -112,14 +112,16 @@ class Totals:
     """The running totals of a run, kept on the device so that a step adds no sync, and as
     few device ops a step as they can: a step's loss is kept (detached) and summed at the log
     step in one op, and a run without a scaler never adds its skipped steps (always zero).
-    Losses are summed in float64, where a sum of a few fp32 values is exact in any order: a run
-    resumed mid-window (its partial sum from the checkpoint) logs the very loss the uncut run
-    logs."""
+    Losses are summed in float64, which holds the exact sum of up to ``FOLD`` fp32 values
+    within a factor of a million of each other, in any order: a run resumed mid-window (its
+    partial sum from the checkpoint) logs the very loss the uncut run logs."""
 
     FOLD = 256  # losses kept at most before they are summed (a run that rarely logs)
 
-    def __init__(self, device: torch.device, state: TrainState, timer: StepTimer, model, scaled):
-        self.device, self.scaled = device, scaled
+    def __init__(
+        self, device: torch.device, state: TrainState, timer: StepTimer, model, scaled: bool
+    ):
+        self.scaled = scaled
         self._losses: list[torch.Tensor] = []  # this log window's, detached
         self._carried = torch.full((), state.loss_sum, dtype=torch.float64, device=device)
         self.loss_terms = state.loss_terms

@@ -139,10 +139,11 @@ class GradientCheck:
     over the ranks, as it does for GradScaler.
 
     Every step pays this, so the usual case is one call with no Python per tensor: plain
-    strided tensors on one device (the kernel takes mixed dtypes). Otherwise (sparse
-    gradients, FSDP's DTensors beside plain losses, several devices) one call per device,
-    dtype and tensor type. The first call decides, and a later step whose tensors break the
-    single call (the kernel refuses them) falls back to the groups for good."""
+    strided tensors on one device (on the CPU of any dtypes, on CUDA of one). Otherwise (sparse
+    gradients, FSDP's DTensors beside plain losses, several devices, a pure-half run's
+    gradients beside its fp32 loss on CUDA) one call per device, dtype and tensor type. The
+    first call decides, and a later step whose tensors break the single call (the kernel
+    refuses them) falls back to the groups for good."""
 
     def __init__(self):
         self._flags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -171,8 +172,12 @@ class GradientCheck:
             flag, one = flags[device]
             torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)
         plain = all(kind is torch.Tensor and not sparse for _, _, kind, sparse in groups)
-        if len(flags) == 1 and plain and not self._grouped:
-            self._single = next(iter(flags.values()))
+        # On CUDA one fused launch takes one dtype (the others would go one kernel a tensor):
+        # a single call there only where every tensor shares it.
+        (device, *_), *rest = groups
+        if (len(flags) == 1 and plain and not self._grouped
+                and (device.type == "cpu" or not rest)):  # fmt: skip
+            self._single = flags[device]
         return any([_read(flag) for flag, _ in flags.values()])  # a list: every flag is reset
 
     def _flag(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
