@@ -82,7 +82,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from ampsweep.config.compose import load  # noqa: E402
 from ampsweep.engine import build, data, loop, models  # noqa: E402
-from ampsweep.engine.data.batches import seed_for  # noqa: E402
+from ampsweep.engine.data.batches import epoch_order  # noqa: E402
 from ampsweep.engine.export import snapshot  # noqa: E402
 from ampsweep.engine.loop import fit  # noqa: E402
 from ampsweep.measure.divergence import NonfiniteWatch  # noqa: E402
@@ -197,8 +197,7 @@ def plain_loop(cfg, steps: int) -> tuple[float, float]:
     start = time.perf_counter()
     step, epoch = 0, 0
     while step < steps:
-        g = torch.Generator().manual_seed(seed_for(t.seed, epoch))
-        order = torch.randperm(n, generator=g).to(device)
+        order = epoch_order(n, t.seed, epoch).to(device)  # the runner's shuffling
         for i in range(n // bs):
             idx = order[i * bs : (i + 1) * bs]
             x, y = xt[idx], yt[idx]
@@ -289,12 +288,11 @@ class PlainTwin(loop.Callback):
     the plain loop gathers it) on a twin of the runner's model, optimizer and data: both loops
     then run under the same machine state, step for step."""
 
-    def __init__(self, twin, cfg, device: torch.device):
-        spec = policy.resolve_mode(cfg.precision.name, device)
-        self.half, self.autocast = policy.TORCH_DTYPES[spec.dtype], spec.autocast
-        self.twin, self.device, self.seed = twin, device, cfg.trainer.seed
+    def __init__(self, twin):
+        self.twin, self.device, self.seed = twin, twin.device, twin.cfg.trainer.seed
+        self.half, self.autocast = twin.policy.compute_dtype, twin.policy.mode.autocast
         self.x, self.y = twin.train_batches.x, twin.train_batches.y
-        self.bs = cfg.trainer.batch_size
+        self.bs = twin.cfg.trainer.batch_size
         self.step_ms: list[float] = []  # the plain step, timed after its batch is gathered
         self.spans: list[tuple[float, float]] = []  # (entered, left): the plain work, gather in
 
@@ -303,8 +301,7 @@ class PlainTwin(loop.Callback):
         per_epoch = len(self.y) // self.bs
         epoch, i = divmod(state.step - 1, per_epoch)
         if i == 0:
-            g = torch.Generator().manual_seed(seed_for(self.seed, epoch))
-            self.order = torch.randperm(len(self.y), generator=g).to(self.device)
+            self.order = epoch_order(len(self.y), self.seed, epoch).to(self.device)
         idx = self.order[i * self.bs : (i + 1) * self.bs]
         x, y = self.x[idx], self.y[idx]
         t = self.twin
@@ -321,8 +318,7 @@ def interleaved(args, mode: str, steps: int) -> tuple[float, float, float, float
     in ms. "full": a plain step with its gather; a runner step from the end of one plain step
     to the start of the next (its batch, bookkeeping and callbacks in)."""
     cfg = load(overrides(args, mode, steps, []))
-    runner_setup, twin = build.build(cfg), build.build(load(overrides(args, mode, steps, [])))
-    plain = PlainTwin(twin, cfg, runner_setup.device)
+    runner_setup, plain = build.build(cfg), PlainTwin(build.build(cfg))
     summary = fit(runner_setup, lambda metrics, step: None, callbacks=[plain])
     warm = cfg.trainer.timing_warmup_steps
     spans = plain.spans[warm:]
