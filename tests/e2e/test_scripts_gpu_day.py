@@ -9,7 +9,8 @@ import subprocess
 import tarfile
 
 import pytest
-from conftest import REPO, all_runs, cli_env
+from conftest import REPO, WARM, all_runs, cli_env
+from warm_python import WarmPython
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -31,11 +32,14 @@ HEADLINES = [
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """``AMPSWEEP_DRYRUN=1 scripts/gpu_day.sh`` with OUT in a temporary folder, run once."""
+    """``AMPSWEEP_DRYRUN=1 scripts/gpu_day.sh`` with OUT in a temporary folder, run once. Its
+    ``-m ampsweep`` commands are forked warm (``warm_python``: PYTHON, which the scripts run
+    every command with), the rest run as written."""
     out = tmp_path_factory.mktemp("gpu_day_out")
-    env = cli_env({"AMPSWEEP_DRYRUN": "1", "OUT": str(out)})
-    proc = subprocess.run([str(REPO / "scripts" / "gpu_day.sh")], cwd=out.parent, env=env,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    with WarmPython(WARM) as python:
+        env = cli_env({"AMPSWEEP_DRYRUN": "1", "OUT": str(out), "PYTHON": str(python.path)})
+        proc = subprocess.run([str(REPO / "scripts" / "gpu_day.sh")], cwd=out.parent, env=env,
+                              capture_output=True, text=True, timeout=400)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return out, proc.stdout
 

@@ -1,15 +1,20 @@
 """The suite's warm forks (``tests/warm_cli.py``) run a command as a fresh ``python -m
 ampsweep`` does: the same exit code, output, folder, argv, ``sys.path``, environment and
-standard input, and a signal that ends it reads as it does from ``subprocess``."""
+standard input, and a signal that ends it reads as it does from ``subprocess``; a script given
+``tests/warm_python.py``'s interpreter forks its ``-m ampsweep`` commands so, and runs the rest
+as written."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
 
 import pytest
 from callbacks import signal_at_step
-from conftest import callback_env, run_cli
+from conftest import WARM, callback_env, cli_env, run_cli
+from warm_python import WarmPython
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +57,28 @@ def test_a_command_killed_by_a_signal_reads_as_from_subprocess(tmp_path):
             signal_at_step(2, "SIGKILL")]  # fmt: skip
     warm, real = both(args, tmp_path, callback_env())
     assert warm.returncode == real.returncode == -9
+
+
+def test_a_scripts_python_forks_its_ampsweep_commands_warm_and_runs_the_rest_as_written(
+    tmp_path,
+):
+    killed = ["train", "trainer.max_steps=5", "trainer.progress=false", "tracking=none",
+              signal_at_step(2, "SIGKILL")]  # fmt: skip
+    script = tmp_path / "script.sh"
+    script.write_text(
+        '"$PYTHON" -m ampsweep train trainer.epoch=3\necho "refused: $?"\n'
+        f'"$PYTHON" -m ampsweep {shlex.join(killed)}\necho "killed: $?"\n'
+        '"$PYTHON" -c "import sys; print(\'isolated:\', sys.flags.isolated)"\n'
+        '"$PYTHON" - <<< "print(\'a script on standard input\')"\n'
+    )
+    fresh = run_cli(["train", "trainer.epoch=3"], tmp_path, real=True)
+    with WarmPython(WARM) as python:
+        env = cli_env(callback_env({"PYTHON": str(python.path)}))
+        proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert python.served == 2  # the two ampsweep commands, forked; the others as written
+    assert "refused: 2" in proc.stdout and fresh.returncode == 2
+    assert fresh.stderr in proc.stderr  # the refused command's own error line
+    assert "killed: 137" in proc.stdout  # the shim died of the command's SIGKILL (128 + 9)
+    assert "isolated: 0" in proc.stdout and "a script on standard input" in proc.stdout
