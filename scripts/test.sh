@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv with the dev extras if needed, then lint, check the import layers, build the docs
 # site strictly and run the whole test suite (slow end-to-end tests included; CUDA tests skip
-# themselves without a GPU) in two worker processes. Extra arguments go to pytest, e.g.
+# themselves without a GPU) in three worker processes. Extra arguments go to pytest, e.g.
 #   scripts/test.sh -m "not slow" -x        scripts/test.sh -n 0 tests/unit/engine/test_loop.py
 # It fails when pytest collects no test at all (exit 5), and when a test wrote into the
 # checkout (every test runs in a temporary folder of its own).
@@ -24,11 +24,13 @@ unset PYTHONDONTWRITEBYTECODE
 
 stamp="$(mktemp)"
 trap 'rm -f "$stamp"' EXIT
-# Two workers: the end-to-end tests spend much of their time starting processes and waiting
-# for them, which a second worker overlaps (the "loadgroup" keeps tests that share a session
-# fixture, such as the three-mode sweep, on one worker).
+# Three workers, on CI's two cores too: with two, a core sat idle whenever a test waited (a
+# locked store's 20 s timeouts, SLURM's scheduler, a server's start-up); with three the CPUs
+# stay busy and the suite took 7 min 30 s twice against 7 min 49 s to 8 min 29 s with two
+# (docs/benchmarks.md). The "loadgroup" keeps tests that share a session fixture, such as the
+# three-mode sweep, on one worker.
 status=0
-.venv/bin/python -m pytest -n 2 --dist loadgroup "$@" || status=$?
+.venv/bin/python -m pytest -n 3 --dist loadgroup "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "test.sh: error: pytest collected no tests (exit 5): check the arguments" >&2
 fi

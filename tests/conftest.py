@@ -63,14 +63,14 @@ def pytest_collection_modifyitems(config, items):
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm_cluster"))
         # The tests of a module that share a module-scoped fixture run on one worker, which
-        # builds it once: scheduled one by one (--dist loadgroup), two workers would each
+        # builds it once: scheduled one by one (--dist loadgroup), several workers would each
         # build it (the GPU-day dry run alone takes over a minute). A test with a group keeps
         # it (xdist joins two groups' names into a third group).
         elif not any(item.iter_markers("xdist_group")) and _module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    # The slow end-to-end tests first, the quick ones after them: the two workers start the
+    # The slow end-to-end tests first, the quick ones after them: the workers start the
     # long tests early and fill the end with short ones, so that they finish together instead
-    # of one waiting for a long test the other started last (a stable sort: the order within
+    # of one waiting for a long test another started last (a stable sort: the order within
     # each part stays the files' order).
     items.sort(key=lambda item: "slow" not in item.keywords)
 
