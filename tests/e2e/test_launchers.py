@@ -4,10 +4,11 @@ it once (under a lock) and lose nothing."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 
 import pytest
-from conftest import all_runs, callback_env, require_tool, run_cli, start_cli
+from conftest import all_runs, callback_env, require_tool, run_cli
 
 from ampsweep.tracking import store
 
@@ -68,26 +69,19 @@ def test_four_processes_writing_one_new_sqlite_store_lose_nothing(tmp_path):
     # is serialised by a lock; then four writers log a metric batch every step.
     uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
     (tmp_path / "new").mkdir()
-    procs = [
-        start_cli(
-            [
-                "train",
-                *TINY,
-                "trainer.max_steps=20",
-                "trainer.log_every=1",
-                "tracking.metrics_flush_every=1",  # a write per step: as much contention as we can
-                f"trainer.seed={i}",
-                f"tracking.run_name=writer-{i}",
-                f"tracking.uri={uri}",
-            ],
-            tmp_path,
-            env={"OMP_NUM_THREADS": "1"},
-        )
-        for i in range(4)
-    ]
-    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
-    for code, err in results:
-        assert code == 0, err[-3000:]
+
+    def writer(i: int):
+        args = ["train", *TINY, "trainer.max_steps=20", "trainer.log_every=1",
+                "tracking.metrics_flush_every=1",  # a write per step: all the contention we can
+                f"trainer.seed={i}", f"tracking.run_name=writer-{i}",
+                f"tracking.uri={uri}"]  # fmt: skip
+        return run_cli(args, tmp_path)
+
+    # Four processes at once: four run_cli calls from four threads, each command forked warm.
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(writer, range(4)))
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     client = store.client_for(uri)
     runs = all_runs(uri)
     assert sorted(r.info.run_name for r in runs) == [f"writer-{i}" for i in range(4)]
