@@ -39,13 +39,14 @@ class WarmPython:
 
     def __init__(self, forks, timeout: float = 600):
         self.forks, self.timeout = forks, timeout
+        self.served = 0
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+
+    def __enter__(self) -> WarmPython:
         # A short folder of its own: a Unix socket's path may not exceed about 100 bytes.
         self.folder = Path(tempfile.mkdtemp(prefix="warm-python-"))
         self.path = self.folder / "python"
-        self._listener: socket.socket | None = None
-        self.served = 0
-
-    def __enter__(self) -> WarmPython:
         address = str(self.folder / "socket")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(address)
@@ -77,9 +78,14 @@ class WarmPython:
     def _serve(self, connection: socket.socket) -> None:
         with connection, connection.makefile("rwb") as stream:
             request = json.loads(stream.readline())
-            self.served += 1
-            done = self.forks.run(request["args"], request["cwd"], request["env"], self.timeout)
-            reply = {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+            with self._lock:
+                self.served += 1
+            try:
+                done = self.forks.run(request["args"], request["cwd"], request["env"],
+                                      self.timeout)  # fmt: skip
+                reply = {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+            except Exception as err:  # e.g. past the timeout: the script sees a failed command
+                reply = {"code": 1, "stdout": "", "stderr": f"warm_python: {err}\n"}
             try:
                 stream.write(json.dumps(reply).encode() + b"\n")
                 stream.flush()
