@@ -392,6 +392,7 @@ def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
     with policy_.autocast():
         loss = s.objective(model(x), y)
     scaler.scale(loss).backward()
+    loss = loss.detach()  # as fit hands it on: to the step view, the totals and the watch
     scaler.unscale_(opt)
     skipped = found_inf(scaler, opt)
     view = loop.StepView(1, model, opt, scaler, [(x, y)], [loss], skipped, lambda m, n: None)

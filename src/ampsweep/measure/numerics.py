@@ -124,9 +124,9 @@ def _nonfinite(view, grads: list[torch.Tensor], check: GradientCheck) -> bool:
     flag, whatever its own loss was."""
     losses = view.losses
     if not view.scaler.is_enabled():  # the gradients and the losses in one check, one read
-        return check.nonfinite([*grads, *(x.detach() if x.requires_grad else x for x in losses)])
+        return check.nonfinite([*grads, *losses])  # the view's losses are detached
     bad = view.skipped.item() > 0  # the scaler's own check, already made
-    loss = losses[0] if len(losses) == 1 else torch.stack([x.detach() for x in losses]).sum()
+    loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
     return bad or not math.isfinite(loss.item())  # the step's sync point (none on the CPU)
 
 
