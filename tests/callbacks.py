@@ -128,6 +128,18 @@ class RecordProcess(Callback):
             self.done = True
 
 
+class RecordPid(Callback):
+    """Write this process's pid to ``path`` after its first step: the process that trains."""
+
+    def __init__(self, path: str):
+        self.path, self.done = Path(path), False
+
+    def after_step(self, state) -> None:
+        if not self.done:
+            self.path.write_text(str(os.getpid()))
+            self.done = True
+
+
 class NoHooks:
     """A class without the hooks ``fit`` calls."""
 

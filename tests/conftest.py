@@ -25,6 +25,7 @@ import pytest
 import torch
 from slurm_fixture import tool_required
 from warm_cli import WarmForks
+from warm_python import WarmPython
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -352,6 +353,20 @@ def callback_env(env: dict | None = None) -> dict:
 
 
 WARM = WarmForks()  # this test process's fork server, started on first use
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_subprocesses():
+    """A warm command's own ``python -m ampsweep`` subprocesses forked warm too: the ranks of
+    a DDP or FSDP run (the elastic agent starts ``sys.executable -m ampsweep train``), each a
+    fresh interpreter's 2-3 CPU-seconds of imports otherwise. The command's ``sys.executable``
+    is ``tests/warm_python.py``'s shim, which relays the agent's signals (SIGTERM to the other
+    ranks when one fails) and dies of its command's. Its other uses of the interpreter (a
+    launcher's ``-m submitit``, ``-m mlflow server``) exec the real one."""
+    with WarmPython(WARM) as python:
+        WARM.executable = str(python.path)
+        yield
+        WARM.executable = None
 
 
 def run_cli(

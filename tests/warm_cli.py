@@ -8,7 +8,9 @@ tracked training command): the child takes the command's working directory, envi
 ``sys.path`` (the folder, then ``PYTHONPATH``, then the interpreter's own, as ``python -m``
 builds it), standard streams and argv, then runs the ``ampsweep`` module as ``python -m``
 does. So the command runs its real code, with its own exit code, signals and output, in a
-process of its own; what it skips is the interpreter's start and those imports.
+process of its own; what it skips is the interpreter's start and those imports. Its
+``sys.executable`` is ``executable`` where one is given (conftest gives ``warm_python``'s shim,
+so that the ranks a DDP command starts are forked warm as well).
 
 What only a fresh interpreter shows is tested with real ones (``conftest.start_cli``, and
 ``real=True`` here): which modules a command imports at all (``tests/unit/app/test_startup.py``),
@@ -52,6 +54,9 @@ class WarmForks:
     def __init__(self):
         self._context = None
         self._base_path: list[str] | None = None
+        # What a command sees as ``sys.executable`` (None: this interpreter): the python of
+        # its own ``-m ampsweep`` subprocesses, such as a DDP run's ranks (conftest).
+        self.executable: str | None = None
 
     def context(self):
         if self._context is None:
@@ -71,28 +76,49 @@ class WarmForks:
             self._base_path = json.loads(out.stdout)
         return self._base_path
 
+    def start(self, args: list[str], cwd, env: dict) -> Forked:
+        """``python -m ampsweep ARGS`` started in ``cwd`` with exactly ``env``, forked warm."""
+        folder = tempfile.TemporaryDirectory()
+        out, err = Path(folder.name, "stdout"), Path(folder.name, "stderr")
+        for path in (out, err):  # there to read even if the child dies before it runs
+            path.touch()
+        child = self.context().Process(
+            target=_command,
+            args=(list(args), str(cwd), dict(env), out, err, self.base_path(), self.executable),
+        )
+        child.start()
+        return Forked([sys.executable, "-m", "ampsweep", *args], child, folder)
+
     def run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
         """``python -m ampsweep ARGS`` run in ``cwd`` with exactly ``env``, forked warm."""
-        command = [sys.executable, "-m", "ampsweep", *args]  # what it stands for
-        with tempfile.TemporaryDirectory() as folder:
-            out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            for path in (out, err):  # there to read even if the child dies before it runs
-                path.touch()
-            child = self.context().Process(
-                target=_command, args=(list(args), str(cwd), dict(env), out, err, self.base_path())
-            )
-            child.start()
-            child.join(timeout)
-            if child.exitcode is None:  # still running: as subprocess.run does on a timeout
-                child.kill()
-                child.join()
-                raise subprocess.TimeoutExpired(command, timeout)
+        return self.start(args, cwd, env).wait(timeout)
+
+
+class Forked:
+    """A command started by ``WarmForks.start``: ``process`` (multiprocessing's), then
+    ``wait``."""
+
+    def __init__(self, command: list[str], process, folder: tempfile.TemporaryDirectory):
+        self.command, self.process, self._folder = command, process, folder
+
+    def wait(self, timeout: float) -> subprocess.CompletedProcess:
+        """Its CompletedProcess (as ``subprocess.run`` gives), when it ends."""
+        with self._folder as folder:
+            self.process.join(timeout)
+            if self.process.exitcode is None:  # still running: as subprocess.run on a timeout
+                self.process.kill()
+                self.process.join()
+                raise subprocess.TimeoutExpired(self.command, timeout)
+            out, err = (Path(folder, name) for name in ("stdout", "stderr"))
             stdout, stderr = (p.read_text(encoding="utf-8", errors="replace") for p in (out, err))
-        return subprocess.CompletedProcess(command, child.exitcode, stdout, stderr)
+        return subprocess.CompletedProcess(self.command, self.process.exitcode, stdout, stderr)
 
 
-def _command(args, cwd, env, out, err, base_path) -> None:
-    """In the forked child: become ``python -m ampsweep ARGS`` started in ``cwd`` with ``env``."""
+def _command(args, cwd, env, out, err, base_path, executable) -> None:
+    """In the forked child: become ``python -m ampsweep ARGS`` started in ``cwd`` with ``env``
+    (and ``executable`` as ``sys.executable``, where given)."""
+    if executable:
+        sys.executable = executable
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)

@@ -13,7 +13,12 @@ The shim is this file run as a script, with the standard library only. It sends 
 (argv, folder, environment) over a Unix socket to a thread of the test process and writes back
 what the command printed, after it ends (not as it goes), then exits with its exit code, or
 dies of its signal. Its standard input is not passed on (``warm_cli`` gives a command none).
-A shim that is itself killed leaves its command to finish on its own.
+The signals a parent sends to end a child (SIGTERM, SIGINT, SIGHUP, SIGQUIT: an elastic agent
+ends a DDP run's other ranks so) are relayed to the command; a shim killed outright (SIGKILL)
+ends its connection, and the command is killed then.
+
+conftest also makes the shim every warm command's ``sys.executable``, so that the ``-m
+ampsweep`` processes a command starts itself (a DDP or FSDP run's ranks) are forked warm too.
 """
 
 from __future__ import annotations
@@ -76,21 +81,49 @@ class WarmPython:
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
-        with connection, connection.makefile("rwb") as stream:
+        with connection, connection.makefile("rb") as stream:
             request = json.loads(stream.readline())
             with self._lock:
                 self.served += 1
+            relay = None
             try:
-                done = self.forks.run(request["args"], request["cwd"], request["env"],
-                                      self.timeout)  # fmt: skip
+                command = self.forks.start(request["args"], request["cwd"], request["env"])
+                ended = threading.Event()
+                relay = threading.Thread(target=_relay, args=(stream, command.process.pid,
+                                                               ended), daemon=True)  # fmt: skip
+                relay.start()
+                try:
+                    done = command.wait(self.timeout)
+                finally:
+                    ended.set()
                 reply = {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
             except Exception as err:  # e.g. past the timeout: the script sees a failed command
                 reply = {"code": 1, "stdout": "", "stderr": f"warm_python: {err}\n"}
-            try:
-                stream.write(json.dumps(reply).encode() + b"\n")
-                stream.flush()
+            try:  # unbuffered: nothing left to flush into a closed connection
+                connection.sendall(json.dumps(reply).encode() + b"\n")
             except OSError:  # the shim is gone (killed): nobody to tell
                 pass
+            if relay:
+                relay.join(10)  # until the shim, with its reply, closes the connection
+
+
+def _relay(stream, pid: int, ended: threading.Event) -> None:
+    """The signals the shim was sent, sent on to its command (``pid``); the command killed if
+    the shim dies before it ends (SIGKILL: nothing to relay, the connection just ends). Only
+    the pid is used here: the command's process object is the waiting thread's to poll."""
+    with contextlib.suppress(OSError, ValueError):  # the connection closed under the read
+        for line in stream:  # one {"signal": N} a line, until the shim closes the connection
+            if not ended.is_set():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, json.loads(line)["signal"])
+    if not ended.is_set():  # the shim ended before its command: end the command too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# What the shim passes on to its command: what a parent sends to end a child (an elastic agent
+# sends SIGTERM to a DDP run's other ranks when one fails, SIGKILL after its timeout).
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _shim(address: str, real: str, argv: list[str]) -> int:
@@ -100,9 +133,14 @@ def _shim(address: str, real: str, argv: list[str]) -> int:
     request = {"args": argv[2:], "cwd": os.getcwd(), "env": dict(os.environ)}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.connect(address)
-        with connection.makefile("rwb") as stream:
-            stream.write(json.dumps(request).encode() + b"\n")
-            stream.flush()
+
+        def relay(signum, frame) -> None:
+            connection.sendall(json.dumps({"signal": signum}).encode() + b"\n")
+
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        for signum in RELAYED:  # after the request: the server reads it first
+            signal.signal(signum, relay)
+        with connection.makefile("rb") as stream:
             reply = json.loads(stream.readline())
     sys.stdout.write(reply["stdout"])
     sys.stderr.write(reply["stderr"])

@@ -10,6 +10,9 @@ import json
 import re
 import shlex
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from callbacks import signal_at_step
@@ -82,3 +85,46 @@ def test_a_scripts_python_forks_its_ampsweep_commands_warm_and_runs_the_rest_as_
     assert fresh.stderr in proc.stderr  # the refused command's own error line
     assert "killed: 137" in proc.stdout  # the shim died of the command's SIGKILL (128 + 9)
     assert "isolated: 0" in proc.stdout and "a script on standard input" in proc.stdout
+
+
+LONG = ["train", "trainer.epochs=10000", "trainer.progress=false", "tracking=none"]
+
+
+def _in_background(tmp_path, python: str, signal: str) -> subprocess.CompletedProcess:
+    """A script that starts a long ``$PYTHON -m ampsweep train``, sends SIGNAL to the process
+    it started once a step is taken, and prints how that process ended."""
+    pid = tmp_path / "pid"
+    pid.unlink(missing_ok=True)
+    args = [*LONG, f"trainer.callbacks=[{{_target_: callbacks.RecordPid, path: '{pid}'}}]"]
+    script = (f'"$PYTHON" -m ampsweep {shlex.join(args)} &\nstarted=$!\n'
+              f'until [ -s {pid} ]; do sleep 0.05; done\n'
+              f'kill -{signal} $started\nwait $started\necho "ended: $?"\n')  # fmt: skip
+    env = cli_env(callback_env({"PYTHON": python}))
+    return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def test_a_scripts_python_relays_a_signal_to_its_command_and_ends_as_it_does(tmp_path):
+    """An elastic agent ends a DDP run's other ranks with SIGTERM (to their shims, when the
+    ranks are forked warm: conftest.warm_subprocesses): the command gets it, and the shim
+    ends as the command does, as a fresh interpreter would."""
+    fresh = _in_background(tmp_path, sys.executable, "TERM")
+    with WarmPython(WARM) as python:
+        warm = _in_background(tmp_path, str(python.path), "TERM")
+    assert python.served == 1
+    # ended as ampsweep ends on SIGTERM: a checkpoint, then exit code 130
+    assert fresh.stdout.splitlines()[-1] == warm.stdout.splitlines()[-1] == "ended: 130"
+    assert fresh.stderr == warm.stderr and "SIGTERM: stopping after this step" in warm.stderr
+
+
+def test_a_killed_shim_takes_its_command_with_it(tmp_path):
+    """SIGKILL cannot be relayed (an agent's last resort): the shim's connection ends, and
+    the forked command is killed then, not left training."""
+    with WarmPython(WARM) as python:
+        killed = _in_background(tmp_path, str(python.path), "KILL")
+        assert "ended: 137" in killed.stdout, killed
+        command = Path(f"/proc/{(tmp_path / 'pid').read_text()}")
+        deadline = time.monotonic() + 30
+        while command.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not command.exists()
