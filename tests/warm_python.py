@@ -142,6 +142,8 @@ def _shim(address: str, real: str, argv: list[str]) -> int:
             signal.signal(signum, relay)
         with connection.makefile("rb") as stream:
             reply = json.loads(stream.readline())
+        for signum in RELAYED:  # the command has ended: a signal now is the shim's own
+            signal.signal(signum, signal.SIG_DFL)
     sys.stdout.write(reply["stdout"])
     sys.stderr.write(reply["stderr"])
     sys.stdout.flush()
