@@ -30,7 +30,6 @@ not show again: the origin then says so (``reproduced`` false).
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 
@@ -38,8 +37,6 @@ from ampsweep.measure.origin import Origin
 from ampsweep.measure.probe import HookError
 from ampsweep.measure.replay import from_gradients, replay
 from ampsweep.precision.policy import PrecisionPolicy
-
-GRAD = operator.attrgetter("grad")
 
 
 class NonfiniteLocator:
@@ -53,14 +50,11 @@ class NonfiniteLocator:
         self._params: list[torch.Tensor] | None = None  # the model's, listed once
         self._check = GradientCheck()
 
-    def _grads(self, module: torch.nn.Module) -> list[torch.Tensor]:
-        if self._params is None:
-            self._params = list(module.parameters())
-        return [g for g in map(GRAD, self._params) if g is not None]  # each .grad read once
-
     def before_update(self, view) -> None:
         """After ``unscale_``, before clipping and the update (the loop's step view)."""
-        if not _nonfinite(view, self._grads(view.module), self._check):  # read once a step
+        if self._params is None:
+            self._params = list(view.module.parameters())
+        if not _nonfinite(view, self._params, self._check):  # read once a step
             return
         self.nonfinite_steps += 1
         if self.origin is not None:
@@ -116,15 +110,20 @@ class NoLocator:
         return {}
 
 
-def _nonfinite(view, grads: list[torch.Tensor], check: GradientCheck) -> bool:
+def _nonfinite(view, params: list[torch.Tensor], check: GradientCheck) -> bool:
     """Whether this step's loss or gradients held inf/NaN. Each finite step pays this, so it is
     a handful of operations: with a scaler, its own inf check, then the loss (summed over the
     micro-batches), read; without, one ``check`` of the gradients and the losses together. The
     gradients are checked first and always: every rank takes part in FSDP's reduction of the
-    flag, whatever its own loss was."""
+    flag, whatever its own loss was. Every Python operation counts here: right after the
+    step's kernels each costs several times what it does in a tight loop (measured on a 2-core
+    Xeon, docs/benchmarks.md), so the tensors are listed in one pass, and only without a
+    scaler, which is the only case that reads the gradients."""
     losses = view.losses
     if not view.scaler.is_enabled():  # the gradients and the losses in one check, one read
-        return check.nonfinite([*grads, *losses])  # the view's losses are detached
+        tensors = [g for p in params if (g := p.grad) is not None]  # each .grad read once
+        tensors += losses  # the view's losses are detached
+        return check.nonfinite(tensors)
     bad = view.skipped.item() > 0  # the scaler's own check, already made
     loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
     return bad or not math.isfinite(loss.item())  # the step's sync point (none on the CPU)
