@@ -88,9 +88,12 @@ class WarmPython:
             relay = None
             try:
                 command = self.forks.start(request["args"], request["cwd"], request["env"])
+                # A pidfd, not the pid: it names this process even after the waiting thread
+                # has reaped it and its pid is reused (a signal then fails, harmlessly).
+                pidfd = os.pidfd_open(command.process.pid)
                 ended = threading.Event()
-                relay = threading.Thread(target=_relay, args=(stream, command.process.pid,
-                                                               ended), daemon=True)  # fmt: skip
+                relay = threading.Thread(target=_relay, args=(stream, pidfd, ended),
+                                         daemon=True)  # fmt: skip
                 relay.start()
                 try:
                     done = command.wait(self.timeout)
@@ -105,20 +108,21 @@ class WarmPython:
                 pass
             if relay:
                 relay.join(10)  # until the shim, with its reply, closes the connection
+                os.close(pidfd)
 
 
-def _relay(stream, pid: int, ended: threading.Event) -> None:
-    """The signals the shim was sent, sent on to its command (``pid``); the command killed if
+def _relay(stream, pidfd: int, ended: threading.Event) -> None:
+    """The signals the shim was sent, sent on to its command (``pidfd``); the command killed if
     the shim dies before it ends (SIGKILL: nothing to relay, the connection just ends). Only
-    the pid is used here: the command's process object is the waiting thread's to poll."""
+    the pidfd is used here: the command's process object is the waiting thread's to poll."""
     with contextlib.suppress(OSError, ValueError):  # the connection closed under the read
         for line in stream:  # one {"signal": N} a line, until the shim closes the connection
             if not ended.is_set():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, json.loads(line)["signal"])
+                    signal.pidfd_send_signal(pidfd, json.loads(line)["signal"])
     if not ended.is_set():  # the shim ended before its command: end the command too
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
 
 # What the shim passes on to its command: what a parent sends to end a child (an elastic agent
