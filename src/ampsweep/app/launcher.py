@@ -9,9 +9,12 @@ while they still run. Here every job is waited for: its result file when it retu
 is ended (KILLED when SLURM cancelled the job, else FAILED) with the reason, and the job comes
 back to Hydra as a JobReturn whose value is a JobOutcome saying so (as one that raised outside
 its task function does): the sweep goes on, and the command names the job. A job that returned
-comes back as the JobReturn it wrote. A requeued job (preempted, or signalled
+comes back as the JobReturn it wrote. The launcher runs any Hydra app: there, a job that ended
+without a result or raised outside its task function comes back FAILED with its error, which
+Hydra's sweeper raises, as with Hydra's own launcher. A requeued job (preempted, or signalled
 before its time limit) is simply still running: the same job id starts again and resumes its
-run from its checkpoint.
+run from its checkpoint. A time limit within the requeue signal's warning is refused before
+anything is submitted, for any app.
 
 Ctrl-C (or SIGTERM) while waiting cancels the sweep's jobs that are still queued or running;
 each ends its run KILLED at its next step boundary, after a checkpoint, so a relaunch resumes.
@@ -28,6 +31,7 @@ from typing import Any
 
 from ampsweep.app import console, slurm
 from ampsweep.app.context import EXIT_FAILED, EXIT_KILLED, JobOutcome
+from ampsweep.errors import ConfigError
 from ampsweep.tracking import store
 from ampsweep.tracking.sweep import SweepInfo, end_lost_job
 
@@ -42,6 +46,10 @@ KILLED_STATES = {"CANCELLED", "PREEMPTED", "DEADLINE", "TIMEOUT"}
 CLUSTER = "slurm"
 
 
+class JobLost(RuntimeError):
+    """Another Hydra app's SLURM job ended without a result (its sweeper raises this)."""
+
+
 @dataclass
 class Tracked:
     """One submitted job of the sweep and what is known of it."""
@@ -49,6 +57,9 @@ class Tracked:
     job_num: int
     overrides: list[str]
     job: Any  # a submitit Job (with one sub-job per task under DDP)
+    # ampsweep's task function takes a JobOutcome for a job that ended without a result;
+    # another app's gets the job's error back, as from Hydra's own launcher
+    ampsweep_job: bool = True
     state: str = "PENDING"
     starts: int = 0  # times SLURM was seen running it (a requeued job runs again)
     ended_since: float | None = None
@@ -78,6 +89,9 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
     from hydra.core.singleton import Singleton
     from hydra.core.utils import filter_overrides
 
+    from ampsweep.app.job import TaskFunction
+
+    _check_time_limit(launcher.params)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if "mode" in launcher.config.hydra.sweep:  # hydra.sweep.mode, as Hydra's launcher honours it
@@ -89,8 +103,9 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
         params.append((list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
                        Singleton.get_state()))  # fmt: skip
     jobs = _submit(executor, launcher, params)
+    ours = isinstance(launcher.task_function, TaskFunction)
     tracked = [
-        Tracked(num, list(overrides), job)
+        Tracked(num, list(overrides), job, ampsweep_job=ours)
         for (overrides, _, num, _, _), job in zip(params, jobs, strict=True)
     ]
     first = tracked[0].job_id.split("_")[0]
@@ -109,6 +124,18 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
         cancel_and_settle(tracked, sweep)
         raise
     return [t.returned for t in tracked]
+
+
+def _check_time_limit(params: dict) -> None:
+    """Hydra's submitit launcher submits any time limit. One within the requeue signal's
+    warning has each job requeued every time SLURM looks, until it fails: refused here for any
+    Hydra app (ampsweep's own sweeps were refused earlier, with the cluster's other checks)."""
+    keys = ("timeout_min", "signal_delay_s")
+    try:
+        slurm.check_timeout(slurm.LauncherSettings(**{k: params[k] for k in keys if k in params}))
+    except ConfigError as err:
+        console.error(str(err))
+        raise SystemExit(EXIT_FAILED) from None
 
 
 def _executor(launcher):
@@ -201,7 +228,7 @@ def _returned(t: Tracked) -> None:
     except Exception as err:  # e.g. its config would not compose on the node
         last = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith("-")]
         why = f"SLURM job {t.job_id} failed: {last[-1].strip() if last else type(err).__name__}"
-        _settle(t, store.FAILED, why, None)
+        _settle(t, store.FAILED, why, None, err)
         console.error(f"{t.label}: {why}")
         return
     t.returned = ret
@@ -240,9 +267,13 @@ def _lost(t: Tracked, sweep: SweepInfo | None) -> None:
     )
 
 
-def _settle(t: Tracked, status: str, why: str, run) -> None:
+def _settle(t: Tracked, status: str, why: str, run, error: Exception | None = None) -> None:
     from hydra.core.utils import JobReturn, JobStatus
 
+    if not t.ampsweep_job:  # Hydra's sweeper raises the error when it reads the value
+        t.returned = JobReturn(overrides=t.overrides, status=JobStatus.FAILED)
+        t.returned.return_value = error or JobLost(why)
+        return
     if run is not None:
         status = run.info.status
         why = run.data.tags.get(store.ERROR, why)

@@ -168,7 +168,7 @@ def check(
             f"PATH): launch the sweep where SLURM jobs are submitted (a login node), or use "
             f"{LOCAL_LAUNCHER} to run each job in a process of this machine"
         )
-    _check_timeout(settings)
+    check_timeout(settings)
     if len(set(nprocs)) > 1:
         raise ConfigError(
             f"trainer.nproc={','.join(str(n) for n in sorted(set(nprocs)))}: the jobs of one "
@@ -188,7 +188,10 @@ def check(
     return check_shared(shared_paths, part)
 
 
-def _check_timeout(s: LauncherSettings) -> None:
+def check_timeout(s: LauncherSettings) -> None:
+    """A time limit the job can run within: at least a minute, and longer than the requeue
+    signal's warning (SLURM sends that signal from the job's start otherwise, every time its
+    controller looks, about every 30 s). The launcher checks this for any Hydra app."""
     t = s.timeout_min
     if isinstance(t, bool) or not isinstance(t, int) or t < 1:
         raise ConfigError(

@@ -9,11 +9,13 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import cli_env
 from hydra.core.utils import JobReturn, JobStatus
 from mlflow import MlflowClient
+from submitit.core.utils import FailedJobError
 
 from ampsweep.app import launcher, slurm
 from ampsweep.app.context import JobOutcome
@@ -39,8 +41,15 @@ class FakeJob:
         ret.return_value = value
         self.paths.result_pickle.write_bytes(pickle.dumps(ret))
 
+    def crash(self, trace: str) -> None:
+        """What submitit's job writes when it raised outside the task function."""
+        self.paths.result_pickle.write_bytes(pickle.dumps(("error", trace)))
+
     def result(self):
-        return pickle.loads(self.paths.result_pickle.read_bytes())
+        value = pickle.loads(self.paths.result_pickle.read_bytes())
+        if isinstance(value, tuple):  # as submitit's Job.result raises it
+            raise FailedJobError(f"Job failed during processing with trace:\n-----\n{value[1]}")
+        return value
 
 
 class Script:
@@ -76,9 +85,10 @@ def sweep(store, tmp_path):
     return SweepInfo(pid, store, "s", str(tmp_path), "sweep"), client
 
 
-def _track(tmp_path, *ids):
+def _track(tmp_path, *ids, ampsweep_job=True):
     return [
-        launcher.Tracked(i, [f"precision=p{i}"], FakeJob(j, tmp_path)) for i, j in enumerate(ids)
+        launcher.Tracked(i, [f"precision=p{i}"], FakeJob(j, tmp_path), ampsweep_job)
+        for i, j in enumerate(ids)
     ]
 
 
@@ -181,10 +191,23 @@ def test_a_job_gone_from_the_queue_fails_and_a_silent_controller_is_asked_again(
     assert capsys.readouterr().err.count("could not ask SLURM about the sweep's jobs") == 3
 
 
+def test_a_job_that_raised_outside_its_task_function_fails_and_the_sweep_goes_on(
+    tmp_path, monkeypatch, capsys
+):
+    (t,) = _track(tmp_path, "9_0")
+    t.job.crash("Traceback ...\nsubmitit.core.utils.UncompletedJobError: Job not requeued")
+    monkeypatch.setattr(slurm, "job_states", Script(lambda j, now: "FAILED").job_states)
+    launcher.wait([t], None, lambda: 0.0, lambda s: None)
+    why = "SLURM job 9_0 failed: submitit.core.utils.UncompletedJobError: Job not requeued"
+    assert (t.outcome.status, t.outcome.error) == (names.FAILED, why)
+    assert t.returned.status == JobStatus.COMPLETED and t.returned.return_value == t.outcome
+    assert f"#0 (SLURM job 9_0): {why}" in capsys.readouterr().err
+
+
 def test_a_job_of_another_hydra_app_comes_back_as_it_returned(tmp_path, monkeypatch, capsys):
     # The launcher runs any Hydra app's task function: its JobReturn goes back to Hydra as the
     # job wrote it (a failed one's error is Hydra's sweeper's to raise), with no outcome.
-    a, b = _track(tmp_path, "8_0", "8_1")
+    a, b = _track(tmp_path, "8_0", "8_1", ampsweep_job=False)
     a.job.finish(100)
     b.job.finish(KeyError("boo"), JobStatus.FAILED)
     script = Script(lambda j, now: "COMPLETED")
@@ -236,3 +259,33 @@ def test_a_sweep_after_train_help_in_one_process_starts_its_sweeper(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fp32-mlp-digits" in proc.stdout and "bf16-mlp-digits" in proc.stdout
+
+
+def test_another_apps_job_that_left_no_return_fails_its_sweep(tmp_path, monkeypatch, capsys):
+    # As with Hydra's own launcher: its sweeper raises the job's error, the app exits non-zero.
+    # (Were it handed a JobOutcome, Hydra would take the job for one that returned.)
+    crashed, lost = _track(tmp_path, "8_0", "8_1", ampsweep_job=False)
+    crashed.job.crash("Traceback ...\nUncompletedJobError: Job not requeued")
+    script = Script(lambda j, now: "CANCELLED")
+    monkeypatch.setattr(slurm, "job_states", script.job_states)
+    launcher.wait([crashed, lost], None, script.clock, script.sleep)
+    assert crashed.returned.status == lost.returned.status == JobStatus.FAILED
+    assert crashed.outcome is None and lost.outcome is None
+    with pytest.raises(FailedJobError, match="UncompletedJobError: Job not requeued"):
+        crashed.returned.return_value  # noqa: B018 - Hydra's sweeper reads it so
+    with pytest.raises(launcher.JobLost, match="SLURM job 8_1 ended CANCELLED without a result"):
+        lost.returned.return_value  # noqa: B018
+
+
+def test_a_time_limit_within_the_requeue_warning_is_refused_for_any_app(capsys):
+    # SLURM would signal the job from its start, every time its controller looks: requeued
+    # over and over, then failed. Refused before anything is submitted.
+    hydras = SimpleNamespace(params={"timeout_min": 2, "signal_delay_s": 120, "nodes": 1})
+    with pytest.raises(SystemExit) as exit_:  # before the sweep dir, the executor, sbatch
+        launcher.launch(hydras, [["x=1"]], 0)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: hydra.launcher.timeout_min=2: the job is signalled")
+    assert "raise timeout_min above 2 minutes or lower signal_delay_s" in err
+    assert len(err.splitlines()) == 1
+    launcher._check_time_limit({"timeout_min": 2, "signal_delay_s": 30})  # 90 s before it

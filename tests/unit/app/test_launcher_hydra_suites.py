@@ -40,9 +40,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # launcher configs take their processes per job from ampsweep's trainer.nproc, absent here.
 SEARCH = f"hydra.searchpath=[file://{config_dir()}]"
 LOCAL = [SEARCH, "hydra.launcher.tasks_per_node=1", "hydra.launcher.timeout_min=2"]
-# What the cluster's one node has: 2 CPUs, no GPU, little memory.
+# What the cluster's one node has: 2 CPUs, no GPU, little memory. The requeue signal 30 s
+# before the 2-minute limit: at the default 120 s SLURM would signal the jobs from their start
+# (the launcher refuses that).
 SLURM = [*LOCAL, "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-         "hydra.launcher.mem_gb=1"]  # fmt: skip
+         "hydra.launcher.mem_gb=1", "hydra.launcher.signal_delay_s=30"]  # fmt: skip
 QUIET = ["-m", "hydra/hydra_logging=disabled", "hydra/job_logging=disabled"]
 
 
