@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ampsweep.app import console, slurm
-from ampsweep.app.context import EXIT_FAILED, EXIT_KILLED, JobOutcome
+from ampsweep.app.context import EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED, JobOutcome
 from ampsweep.errors import ConfigError
 from ampsweep.tracking import store
 from ampsweep.tracking.sweep import SweepInfo, end_lost_job
@@ -135,7 +135,7 @@ def _check_time_limit(params: dict) -> None:
         slurm.check_timeout(slurm.LauncherSettings(**{k: params[k] for k in keys if k in params}))
     except ConfigError as err:
         console.error(str(err))
-        raise SystemExit(EXIT_FAILED) from None
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 def _executor(launcher):

@@ -283,7 +283,7 @@ def test_a_time_limit_within_the_requeue_warning_is_refused_for_any_app(capsys):
     hydras = SimpleNamespace(params={"timeout_min": 2, "signal_delay_s": 120, "nodes": 1})
     with pytest.raises(SystemExit) as exit_:  # before the sweep dir, the executor, sbatch
         launcher.launch(hydras, [["x=1"]], 0)
-    assert exit_.value.code == 1
+    assert exit_.value.code == 2  # as ampsweep's own config errors
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: hydra.launcher.timeout_min=2: the job is signalled")
     assert "raise timeout_min above 2 minutes or lower signal_delay_s" in err
