@@ -108,21 +108,24 @@ class WarmPython:
                 pass
             if relay:
                 relay.join(10)  # until the shim, with its reply, closes the connection
-                os.close(pidfd)
 
 
 def _relay(stream, pidfd: int, ended: threading.Event) -> None:
     """The signals the shim was sent, sent on to its command (``pidfd``); the command killed if
     the shim dies before it ends (SIGKILL: nothing to relay, the connection just ends). Only
-    the pidfd is used here: the command's process object is the waiting thread's to poll."""
-    with contextlib.suppress(OSError, ValueError):  # the connection closed under the read
-        for line in stream:  # one {"signal": N} a line, until the shim closes the connection
-            if not ended.is_set():
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, json.loads(line)["signal"])
-    if not ended.is_set():  # the shim ended before its command: end the command too
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    the pidfd is used here: the command's process object is the waiting thread's to poll.
+    This thread closes the pidfd: the only one that uses it, however long it waits."""
+    try:
+        with contextlib.suppress(OSError, ValueError):  # the connection closed under the read
+            for line in stream:  # one {"signal": N} a line, until the shim closes it
+                if not ended.is_set():
+                    with contextlib.suppress(ProcessLookupError):
+                        signal.pidfd_send_signal(pidfd, json.loads(line)["signal"])
+        if not ended.is_set():  # the shim ended before its command: end the command too
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
 
 
 # What the shim passes on to its command: what a parent sends to end a child (an elastic agent
