@@ -30,10 +30,10 @@ from pathlib import Path
 from ampsweep.app import console
 from ampsweep.tracking import store
 
-STARTUP_TIMEOUT_S = 120  # mlflow server imports a lot; on a loaded 2-core machine it is slow
+STARTUP_TIMEOUT_S = 120  # mlflow server imports a lot; on a loaded machine it is slow
 # MLflow 3's server also starts a job runner for its GenAI features (LLM judges, prompt
-# optimisation): eight more Python processes of about 240 MB resident each and 10 s of CPU at
-# every start, which training runs never use. Off unless the user's environment turns it on.
+# optimisation): eight more Python processes, each with its own imports at every start and
+# memory for the server's life, which training runs never use. Off unless the user's environment turns it on.
 JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 # MLflow's basic-auth app: its config file, its first admin's password, the key for its forms.
 AUTH_CONFIG = "MLFLOW_AUTH_CONFIG_PATH"

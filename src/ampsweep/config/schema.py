@@ -427,7 +427,7 @@ def _fsdp_problems(cfg: Config) -> list[str]:
 
 def register_configs() -> None:
     """Register the schema so YAML files under conf/ are validated against it (once: storing
-    it again converts the whole schema again, 15 ms, and every composition asks for it)."""
+    it again converts the whole schema again, and every composition asks for it)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()

@@ -47,7 +47,7 @@ NOT_HASHED = (
 class _ComparableByValue:
     """``comparable`` of the last few configs, by value. A job asks for its config's hash
     about seven times (its tags, the finished-twin look-up, the checkpoint folder twice, each
-    save), and each is a flatten through OmegaConf (8 ms of CPU on 2 cores) of a config that
+    save), and each is a flatten through OmegaConf (slow, as OmegaConf is) of a config that
     does not change. The key is the config's repr: a dataclass's repr spells every field's
     value, so a config changed in between is a new key, never a stale hash."""
 

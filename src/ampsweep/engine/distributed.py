@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 # torch is imported in the functions below, not here: app.job imports this module, and
 # `ampsweep train --help` or `--cfg job` (which train nothing) then answer without importing
-# torch (1.6 s of CPU on a 2-core CPU). A training command has it imported already
+# torch, the largest import of all. A training command has it imported already
 # (app.startup's preload).
 
 

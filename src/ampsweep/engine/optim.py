@@ -74,9 +74,9 @@ def build_optimizer(
 
 class ConstantSchedule:
     """``schedule=none``: the optimizer's learning rate, never changed. A null object with the
-    methods the loop and the checkpoints use: a ``LambdaLR`` of 1.0 did the same in about 2 us
-    a step (its ``step`` and the call counter it wraps around ``optimizer.step``; measured hot,
-    2026-12-01), for nothing."""
+    methods the loop and the checkpoints use: a ``LambdaLR`` of 1.0 does the same with work on
+    every step (its ``step`` and the call counter it wraps around ``optimizer.step``), for
+    nothing."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer

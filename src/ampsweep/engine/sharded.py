@@ -231,7 +231,7 @@ def predicted_held(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]
 def full_module(model: nn.Module, skeleton: nn.Module, main: bool) -> nn.Module | None:
     """The whole trained model, unsharded, on rank 0's CPU (``None`` on the other ranks). A
     collective: every rank calls it."""
-    # torch.distributed.checkpoint here and below, not at the top: 0.05 s of CPU that every run
+    # torch.distributed.checkpoint here and below, not at the top: an import that every run
     # would pay (this module is built into every run), for sharded runs only.
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

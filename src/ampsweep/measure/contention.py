@@ -25,8 +25,8 @@ OTHERS_SHARE = 0.25
 FULL = 0.85
 # The kernel counts CPU time in clock ticks (10 ms where USER_HZ is 100), so each reading is
 # off by up to a tick per core: over a timed span of 20 ticks (0.2 s) that is at most about 5%
-# of the machine. A shorter span (a few dozen fast steps) reads noise: a 35 ms span read the
-# machine 84.98% busy while spinners filled it. Its share is not logged, and not judged.
+# of the machine. A shorter span (a few dozen fast steps) reads noise: it can read a machine
+# that other processes fill as less than FULL busy. Its share is not logged, and not judged.
 MIN_SPAN_TICKS = 20
 
 

@@ -116,8 +116,8 @@ def _nonfinite(view, params: list[torch.Tensor], check: GradientCheck) -> bool:
     micro-batches), read; without, one ``check`` of the gradients and the losses together. The
     gradients are checked first and always: every rank takes part in FSDP's reduction of the
     flag, whatever its own loss was. Every Python operation counts here: right after the
-    step's kernels each costs several times what it does in a tight loop (measured on a 2-core
-    Xeon, docs/benchmarks.md), so the tensors are listed in one pass, and only without a
+    step's kernels each costs several times what it does in a tight loop (docs/benchmarks.md),
+    so the tensors are listed in one pass, and only without a
     scaler, which is the only case that reads the gradients."""
     losses = view.losses
     if not view.scaler.is_enabled():  # the gradients and the losses in one check, one read
@@ -134,7 +134,7 @@ class GradientCheck:
     GradScaler's own check (``torch._amp_foreach_non_finite_check_and_unscale_``, private:
     checked on torch 2.14.1, tests/unit/measure/test_numerics.py fails if it moves) at a scale
     of 1, so the tensors are left as they were (x * 1 is x). A norm per gradient and their sum
-    cost 5x as much on the CPU (checked on torch 2.14); under FSDP, DTensor reduces the flag
+    cost several times as much on the CPU (docs/benchmarks.md); under FSDP, DTensor reduces the flag
     over the ranks, as it does for GradScaler.
 
     Every step pays this, so the usual case is one call with no Python per tensor: plain

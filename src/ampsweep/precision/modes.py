@@ -148,12 +148,9 @@ FORMATS: dict[str, NumberFormat] = {
 # Which CPUs do a 16-bit float's arithmetic natively: the /proc/cpuinfo flags of the
 # instructions (x86: AVX512-FP16 and AMX-FP16, AVX512-BF16 and AMX-BF16; Arm: FP16 arithmetic,
 # the BF16 extension). Without them, autocast to that dtype on a CPU converts to fp32 and back
-# around each op in software, and a model of convolutions slows down by about EMULATED_SLOWDOWN:
-# on an AMD EPYC without avx512_fp16 (2 cores, shared), fp16 autocast of a user's ResNet-like
-# model ran 25-60x slower than fp32, and of the bundled cnn on digits 31x, 7x and 3x in three
-# paired runs (median step 1,133 ms vs 36 ms, 755 ms vs 112 ms, 112 ms vs 36 ms), the spread
-# of a machine shared with other work. bf16 is left out: there it ran 3x
-# slower, with native avx512_bf16; on a GPU both are native.
+# around each op in software, and a model of convolutions slows down by about EMULATED_SLOWDOWN
+# (the range runs of fp16 against fp32 on a CPU without avx512_fp16 gave: docs/benchmarks.md).
+# bf16 has no such range: the CPU measured had its instructions; on a GPU both are native.
 NATIVE_CPU_FLAGS = {
     "fp16": ("avx512_fp16", "amx_fp16", "asimdhp", "fphp"),
     "bf16": ("avx512_bf16", "amx_bf16", "bf16"),

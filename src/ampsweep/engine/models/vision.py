@@ -10,8 +10,8 @@ from ampsweep.engine.registry import all_of, fraction, positive
 
 
 def _resnet(factory: str, input_shape: tuple, num_classes: int, small_input_max_px: int):
-    # torchvision here and below, not at the top: only its models import it (1.3 s of CPU
-    # that a run of any other model, e.g. the default cnn, would pay).
+    # torchvision here and below, not at the top: only its models import it (a large import
+    # that a run of any other model, e.g. the default cnn, would pay for nothing).
     import torchvision.models
 
     c, h, w = input_shape
