@@ -35,7 +35,7 @@ around each phase of it and prints them in order: imports, the store's start-up,
 records, training, the model's logging (signature, files, upload, linked metrics) and the end.
 
 --startup runs the 1-step run (tracked, and with tracking=none) as a process --reps times with
-every piece of ampsweep.app.startup on, with each one off in turn, and with all of them off, in
+every piece of ampsweep.cli.startup on, with each one off in turn, and with all of them off, in
 rotating order, and prints for each the median wall and CPU seconds and the median of the paired
 differences from the run with every piece on (what the piece buys).
 
@@ -208,22 +208,22 @@ def measure_standalone(args, tmp: Path) -> tuple[dict[str, list[float]], list[fl
 # The phases of a run, as (module, attribute): each is timed, wherever it runs.
 PHASES = [
     ("hydra._internal.hydra", "Hydra.compose_config"),
-    ("ampsweep.app.train", "validate"), ("ampsweep.tracking.store", "prepare"),
+    ("ampsweep.cli.train", "validate"), ("ampsweep.tracking.store", "prepare"),
     ("ampsweep.tracking.store", "client_for"),
-    ("ampsweep.app.train", "run_hydra"), ("ampsweep.app.job", "Job.plan"),
-    ("ampsweep.engine.build", "build_planned"), ("ampsweep.app.job", "Job.open"),
-    ("ampsweep.app.job", "Job._tags"), ("ampsweep.tracking.recorder", "MlflowRecorder.start"),
+    ("ampsweep.cli.train", "run_hydra"), ("ampsweep.runner.job", "Job.plan"),
+    ("ampsweep.engine.build", "build_planned"), ("ampsweep.runner.job", "Job.open"),
+    ("ampsweep.runner.job", "Job._tags"), ("ampsweep.tracking.recorder", "MlflowRecorder.start"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_params"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_text"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.set_tags"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_inputs"),
     ("ampsweep.tracking.system_metrics", "SystemMetrics._run"),
     ("ampsweep.tracking.system_metrics", "SystemMetrics._sample"),
-    ("ampsweep.app.job", "Job.train"), ("ampsweep.engine.loop", "fit"),
-    ("ampsweep.app.job", "Job.close"),
+    ("ampsweep.runner.job", "Job.train"), ("ampsweep.engine.loop", "fit"),
+    ("ampsweep.runner.job", "Job.close"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_artifact"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.stop_system_metrics"),
-    ("ampsweep.engine.export", "snapshot"), ("ampsweep.app.job", "Job._finish"),
+    ("ampsweep.engine.export", "snapshot"), ("ampsweep.runner.job", "Job._finish"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_model"),
     ("ampsweep.tracking.logged_model", "log"),
     ("ampsweep.tracking.modellog", "signature_output"),
@@ -239,14 +239,14 @@ PHASES = [
 
 
 def timeline(argv: list[str]) -> int:
-    """One ``ampsweep`` command in this process, as ``ampsweep.app.cli.run`` runs it, each
+    """One ``ampsweep`` command in this process, as ``ampsweep.cli.main.run`` runs it, each
     phase timed; the phases printed in the order they began."""
     import importlib
     import threading
 
     t0 = time.perf_counter()
-    from ampsweep.app import cli
-    from ampsweep.app.startup import Startup
+    from ampsweep.cli import main as cli
+    from ampsweep.cli.startup import Startup
 
     events: list[tuple[float, float, str, str]] = []
 
@@ -311,7 +311,7 @@ def measure_where(tmp: Path) -> None:
 
 # ---------------------------------------------------------------- the start-up's pieces
 
-# Each variant of ampsweep.app.startup.Startup, by the fields it turns off.
+# Each variant of ampsweep.cli.startup.Startup, by the fields it turns off.
 STARTUP_VARIANTS = {
     "every piece on": {},
     "collector on while importing": {"collector_off": False},
@@ -364,10 +364,10 @@ def measure_in_process(tmp: Path) -> tuple[float, collections.Counter]:
     """Logging one model, warm; and the store calls of one 1-step job."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    from ampsweep.app.job import run_job
     from ampsweep.config.compose import load
     from ampsweep.engine.build import build
     from ampsweep.engine.export import snapshot
+    from ampsweep.runner.job import run_job
     from ampsweep.tracking import store
     from ampsweep.tracking.recorder import MlflowRecorder
 

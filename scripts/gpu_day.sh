@@ -64,7 +64,7 @@ import re
 import sys
 from pathlib import Path
 
-from ampsweep.app.capacity import error_pct
+from ampsweep.cli.capacity import error_pct
 from ampsweep.measure import capacity as cap
 from ampsweep.tracking import store
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import logging
 import os
 import shutil
@@ -24,8 +25,6 @@ from pathlib import Path
 import pytest
 import torch
 from slurm_fixture import tool_required
-from warm_cli import WarmForks
-from warm_python import WarmPython
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,11 +135,11 @@ def _restore_torch_flags(flags: dict) -> None:
         matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags["tf32"]
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path):
-    """Run the test in its own temporary folder (Hydra's run dirs, outputs/ and checkpoints of
-    in-process jobs land there), then restore the environment, torch's global flags and the
-    SIGTERM/SIGINT handlers, the root logger's handlers and MLflow's tracking URI."""
+@contextlib.contextmanager
+def restored_process_state(folder: Path):
+    """Run the body in ``folder`` (the current directory), then restore the environment,
+    torch's global flags, the SIGTERM/SIGINT handlers, the root logger's handlers and MLflow's
+    tracking URI, all of which an in-process command may change."""
     cwd, env = os.getcwd(), os.environ.copy()
     flags = _torch_flags()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -148,9 +147,9 @@ def isolated(tmp_path: Path):
     root_handlers = list(logging.getLogger().handlers)
     for name in FOREIGN_ENV:
         os.environ.pop(name, None)
-    os.chdir(tmp_path)
+    os.chdir(folder)
     try:
-        yield tmp_path
+        yield folder
     finally:
         os.chdir(cwd)
         os.environ.clear()
@@ -166,6 +165,14 @@ def isolated(tmp_path: Path):
                 mlflow.end_run()
             # runs:/ URIs resolve through the global URI: the next test's must not be this one's
             mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path):
+    """Run the test in its own temporary folder (Hydra's run dirs, outputs/ and checkpoints of
+    in-process jobs land there), and restore what it changed of this process after it."""
+    with restored_process_state(tmp_path):
+        yield tmp_path
 
 
 # ---------------------------------------------------------------- optional system tools
@@ -202,7 +209,7 @@ def mlflow_server(backend_uri: str, folder: Path):
            "--workers", "1", "--backend-store-uri", backend_uri,
            "--serve-artifacts", "--artifacts-destination", str(folder / "artifacts")]  # fmt: skip
     # the environment and the wait of `ampsweep ui`'s own server (no GenAI job runner)
-    from ampsweep.app import ui
+    from ampsweep.cli import ui
 
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
                             env=ui.server_env())  # fmt: skip
@@ -306,8 +313,9 @@ def sweep_jobs(*args: str) -> tuple[int, list]:
     sweeper (ampsweep's, or the one ARGS names) composes the jobs and hands each batch to the
     command's checks, here one that types them and stops the sweep. The exit code (2 when
     Hydra or the sweeper refused the command) and the typed jobs, in their order."""
-    from ampsweep.app import command_line, hydra_app, plan
-    from ampsweep.app.job import CommandContext
+    from ampsweep.launch import command_line, hydra_app
+    from ampsweep.runner import plan
+    from ampsweep.runner.job import CommandContext
 
     jobs: list = []
 
@@ -352,31 +360,11 @@ def callback_env(env: dict | None = None) -> dict:
     return {**(env or {}), "PYTHONPATH": path}
 
 
-WARM = WarmForks()  # this test process's fork server, started on first use
-
-
-@pytest.fixture(scope="session", autouse=True)
-def warm_subprocesses():
-    """A warm command's own ``python -m ampsweep`` subprocesses forked warm too: the ranks of
-    a DDP or FSDP run (the elastic agent starts ``sys.executable -m ampsweep train``), each a
-    fresh interpreter's 2-3 CPU-seconds of imports otherwise. The command's ``sys.executable``
-    is ``tests/warm_python.py``'s shim, which relays the agent's signals (SIGTERM to the other
-    ranks when one fails) and dies of its command's. Its other uses of the interpreter (a
-    launcher's ``-m submitit``, ``-m mlflow server``) exec the real one."""
-    with WarmPython(WARM) as python:
-        WARM.executable = str(python.path)
-        yield
-        WARM.executable = None
-
-
-def run_cli(
-    args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600, real: bool = False
-):
-    """Run ``python -m ampsweep ARGS`` in a process of its own; return the CompletedProcess.
-    Forked from a warm process (``warm_cli``: the command's real code, without the seconds
-    of its interpreter's start and imports); ``real``: a fresh interpreter."""
-    if not real:
-        return WARM.run(args, cwd, cli_env(env), timeout)
+def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600):
+    """Run ``python -m ampsweep ARGS`` in a fresh interpreter of its own; return the
+    CompletedProcess. For what only a process of its own shows: signals, a kill and the resume
+    after it, DDP and FSDP ranks, launcher jobs, two commands at once; the ``main`` fixture runs
+    every other command in the test's own process."""
     return subprocess.run(
         [sys.executable, "-m", "ampsweep", *args],
         cwd=cwd,
@@ -410,9 +398,9 @@ class Command:
 
 @pytest.fixture
 def main(capsys):
-    """Run ``ampsweep ARGS`` in this process (``app.cli.main``): much cheaper than a
+    """Run ``ampsweep ARGS`` in this process (``cli.main.main``): much cheaper than a
     subprocess where the process boundary tests nothing more."""
-    from ampsweep.app import cli
+    from ampsweep.cli import main as cli
 
     def run(*args: str) -> Command:
         capsys.readouterr()  # what came before is not this command's output
@@ -423,6 +411,20 @@ def main(capsys):
     return run
 
 
+def run_in_process(args: list[str], cwd: Path, env: dict | None = None) -> Command:
+    """``ampsweep ARGS`` run as the ``main`` fixture runs it, in ``cwd`` with ``env`` added,
+    for a fixture shared by many tests (which runs outside every test's isolation): what it
+    changes of this process is restored after it, and its output is captured here."""
+    from ampsweep.cli import main as cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with restored_process_state(cwd):
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(list(args))
+    return Command(code, out.getvalue(), err.getvalue())
+
+
 # ---------------------------------------------------------------- one sweep for many tests
 
 
@@ -431,18 +433,18 @@ class SweepRun:
     folder: Path  # where the command ran
     uri: str  # its store
     args: list[str]
-    proc: subprocess.CompletedProcess
+    result: Command
 
 
 @pytest.fixture(scope="session")
 def three_mode_sweep(tmp_path_factory, empty_store) -> SweepRun:
-    """``ampsweep train -m precision=fp32,fp16,bf16`` run once, in a real process, with the
+    """``ampsweep train -m precision=fp32,fp16,bf16`` run once, in this process, with the
     store given by MLFLOW_TRACKING_URI. Read it, never write to it: several tests share it
     (mark them ``xdist_group("three_mode_sweep")`` so that one worker runs them all)."""
     folder = tmp_path_factory.mktemp("three_mode_sweep")
     shutil.copy(empty_store, folder / "mlflow.db")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     args = ["train", "-m", "precision=fp32,fp16,bf16", *QUICK]
-    proc = run_cli(args, cwd=folder, env={"MLFLOW_TRACKING_URI": uri})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return SweepRun(folder, uri, args, proc)
+    result = run_in_process(args, cwd=folder, env={"MLFLOW_TRACKING_URI": uri})
+    assert result.code == 0, result.err[-3000:]
+    return SweepRun(folder, uri, args, result)

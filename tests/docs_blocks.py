@@ -16,7 +16,7 @@ lines directly above its fence say how it runs (they do not show on the rendered
 The blocks of one page run in order in one folder, as one reader's session: a copy of
 ``examples/`` and an empty MLflow store at ``outputs/mlflow.db`` (the default store of a
 command run there). Each block starts in that folder (``cd`` lasts to the end of its block).
-``ampsweep ...`` and ``python -m ampsweep ...`` run in this process (``app.cli.main``), other
+``ampsweep ...`` and ``python -m ampsweep ...`` run in this process (``cli.main.main``), other
 commands in bash. ``source .venv/bin/activate`` does nothing (the suite's venv is active);
 ``pip install`` is not run, but each extra it names must be one of pyproject.toml's (the suite's
 venv has them). ``RUN_ID`` stands for the newest run of the store that is not a sweep's parent,
@@ -211,7 +211,7 @@ class Session:
                     )
 
     def _ampsweep(self, block: Block, line: str, args: list[str], cwd: Path, env: dict) -> None:
-        from ampsweep.app import cli
+        from ampsweep.cli import main as cli
 
         if args and args[0] in TRAINING:
             args = [*args, *block.overrides]

@@ -85,7 +85,7 @@ class ServerOutage(Callback):
         import os
         import signal
 
-        from ampsweep.app import ui
+        from ampsweep.cli import ui
 
         if state.step == self.start:
             pid = int(self.pidfile.read_text())

@@ -15,7 +15,7 @@ The package's layers, each a subpackage: ``config`` (the schema, composing, one-
 FLOPs, numerics), ``engine`` (building a run, the training loop), ``tracking`` (MLflow),
 ``report`` (the comparison of a sweep) and ``app`` (the ``ampsweep`` command and this API).
 
-``train`` and ``sweep`` live in ``ampsweep.app.api`` and load on first use (PEP 562), so
+``train`` and ``sweep`` live in ``ampsweep.api`` and load on first use (PEP 562), so
 ``import ampsweep`` stays light: torch, Hydra and MLflow load when a run starts, and the
 package's lower layers (which import ``ampsweep`` itself) never depend on the app layer.
 """
@@ -36,7 +36,7 @@ _API = ("train", "sweep")
 
 def __getattr__(name: str):
     if name in _API:
-        return getattr(importlib.import_module("ampsweep.app.api"), name)
+        return getattr(importlib.import_module("ampsweep.api"), name)
     raise AttributeError(f"module 'ampsweep' has no attribute {name!r}")
 
 

@@ -1,6 +1,6 @@
 """``python -m ampsweep`` is the ``ampsweep`` command."""
 
-from ampsweep.app.cli import run
+from ampsweep.cli.main import run
 
 if __name__ == "__main__":
     run()

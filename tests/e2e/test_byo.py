@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ampsweep.app.reproduce import reproduce
-from ampsweep.app.train import cmd_train
+from ampsweep.cli.reproduce import reproduce
+from ampsweep.cli.train import cmd_train
 from ampsweep.tracking import store as mlflow_store
 
 MODULE = '''

@@ -13,7 +13,7 @@ import docs_blocks
 import pytest
 from docs_blocks import REPO, Session
 
-from ampsweep.app import cli
+from ampsweep.cli import main as cli
 from ampsweep.tracking import store as mlflow_store
 
 # ---------------------------------------------------------------- every block of the docs

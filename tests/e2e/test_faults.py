@@ -1,4 +1,4 @@
-"""Faults a shared machine really has, through the real ``ampsweep`` command: a store that is
+"""Faults a shared machine really has, through the ``ampsweep`` command: a store that is
 locked mid-run (nothing lost, the run not left RUNNING), a damaged newest checkpoint (never
 resumed: the newest good one is), a full disk during a checkpoint, a store that is not a
 database, read-only or locked (one line each), and two identical sweeps launched together
@@ -19,9 +19,9 @@ from callbacks import signal_at_step
 from conftest import all_runs, callback_env, resumable, run_cli, start_cli
 from unit.engine.test_checkpoint_verify import damage
 
-from ampsweep.app import job
-from ampsweep.app.context import EXIT_FAILED
 from ampsweep.config import compose as config
+from ampsweep.runner import job
+from ampsweep.runner.context import EXIT_FAILED
 from ampsweep.tracking import journal, store
 
 
@@ -97,12 +97,12 @@ def test_stop_on_store_failure_then_repair_ends_the_run_and_a_new_run_is_refused
         while not locked.exists():
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.1)
-        new = run_cli(["train", "trainer.max_steps=1", f"tracking.uri={store_uri}"], tmp_path)
+        new = main("train", "trainer.max_steps=1", f"tracking.uri={store_uri}")
         out, err = proc.communicate(timeout=600)
     finally:
         db.with_suffix(".unlock").write_text("go")
-    assert new.returncode == 1
-    assert one_line_error(new.stderr).startswith(
+    assert new.code == 1
+    assert one_line_error(new.err).startswith(
         f"error: the MLflow store {db} stayed locked by another process"
     )
     assert proc.returncode == EXIT_FAILED, err[-3000:]
@@ -163,13 +163,13 @@ def test_a_damaged_newest_checkpoint_is_never_resumed(tmp_path, store_uri, main)
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_a_checkpoint_is_one_line(tmp_path, store_uri):
+def test_a_full_disk_during_a_checkpoint_is_one_line(tmp_path, store_uri, main):
     args = [*resumable(tmp_path / "ck", "trainer.max_steps=12", "trainer.checkpoint_every=4"),
             f"tracking.uri={store_uri}",
             "trainer.callbacks=[{_target_: fault_callbacks.DiskFull, step: 8}]"]  # fmt: skip
-    proc = run_cli(["train", *args], tmp_path, env=callback_env())
-    assert proc.returncode == EXIT_FAILED
-    line = one_line_error(proc.stderr)
+    res = main("train", *args)
+    assert res.code == EXIT_FAILED
+    line = one_line_error(res.err)
     assert line.startswith("error: no space left on /") and " for the checkpoint of " in line
     assert line.endswith(" MiB: free space or set trainer.checkpoint_dir")
     assert not list((tmp_path / "ck").rglob("*.tmp"))
@@ -181,20 +181,20 @@ def test_a_full_disk_during_a_checkpoint_is_one_line(tmp_path, store_uri):
 # ---------------------------------------------------------------- the store, one line each
 
 
-def test_a_store_that_is_not_a_database_is_one_line(tmp_path):
+def test_a_store_that_is_not_a_database_is_one_line(tmp_path, main):
     bad = tmp_path / "notes.db"
     bad.write_text("my notes, not a database\n")
     uri = f"sqlite:///{bad}"
-    train = run_cli(["train", "trainer.max_steps=1", f"tracking.uri={uri}"], tmp_path)
-    assert train.returncode == 2
-    line = one_line_error(train.stderr)
+    train = main("train", "trainer.max_steps=1", f"tracking.uri={uri}")
+    assert train.code == 2
+    line = one_line_error(train.err)
     assert line == (
         f"error: tracking.uri={uri}: {bad} is not an MLflow store (not a SQLite database): "
         "point tracking.uri at another file, or move this one away"
     )
-    report = run_cli(["report", "--tracking-uri", uri], tmp_path)
-    assert report.returncode == 2
-    assert f"{bad} is not an MLflow store" in one_line_error(report.stderr)
+    report = main("report", "--tracking-uri", uri)
+    assert report.code == 2
+    assert f"{bad} is not an MLflow store" in one_line_error(report.err)
     assert bad.read_text() == "my notes, not a database\n"  # left as it was
 
 
@@ -215,11 +215,11 @@ def read_only_folder(tmp_path):
     subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
-def test_a_store_in_a_read_only_folder_is_one_line(tmp_path, read_only_folder):
+def test_a_store_in_a_read_only_folder_is_one_line(read_only_folder, main):
     uri = f"sqlite:///{read_only_folder / 'mlflow.db'}"
-    proc = run_cli(["train", "trainer.max_steps=1", f"tracking.uri={uri}"], tmp_path)
-    assert proc.returncode == 2
-    assert one_line_error(proc.stderr) == (
+    res = main("train", "trainer.max_steps=1", f"tracking.uri={uri}")
+    assert res.code == 2
+    assert one_line_error(res.err) == (
         f"error: tracking.uri={uri}: the MLflow store's folder {read_only_folder} is not "
         "writable: fix its permissions, or set tracking.uri to a store in a writable folder"
     )
@@ -280,7 +280,7 @@ def test_the_next_train_command_writes_a_journal_left_behind(tmp_path, store_uri
 
 
 def test_sweeps_of_the_same_second_claim_distinct_folders(tmp_path):
-    from ampsweep.app.sweep import claim_dir
+    from ampsweep.launch.sweep import claim_dir
 
     planned = tmp_path / "multirun" / "2026-12-01" / "12-00-00"
     claimed = [claim_dir(planned) for _ in range(3)]
@@ -300,7 +300,7 @@ def test_a_tracking_server_down_mid_run_loses_nothing(tmp_path):
 
     from conftest import free_port
 
-    from ampsweep.app import ui
+    from ampsweep.cli import ui
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -325,8 +325,8 @@ def test_a_tracking_server_down_mid_run_loses_nothing(tmp_path):
         )
         env = {**callback_env(), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
                "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}  # fmt: skip
-        # A fresh interpreter: what it imports is part of what the test checks.
-        run = run_cli(["train", *args, outage], tmp_path, env=env, real=True)
+        # A process of its own: what it imports is part of what the test checks.
+        run = run_cli(["train", *args, outage], tmp_path, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         assert "Traceback" not in run.stderr
         assert "training goes on, its records wait in" in run.stderr, run.stderr[-3000:]

@@ -53,7 +53,7 @@ def test_wheel_contains_every_config_file(wheel):
         assert path.relative_to(REPO / "src").as_posix() in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "ampsweep = ampsweep.app.cli:run" in text
+    assert "ampsweep = ampsweep.cli.main:run" in text
 
 
 def test_installed_wheel_composes_from_its_own_conf(wheel, tmp_path):

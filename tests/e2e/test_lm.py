@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import run_cli
 
-from ampsweep.app.reproduce import reproduce
-from ampsweep.app.train import cmd_train
+from ampsweep.cli.reproduce import reproduce
+from ampsweep.cli.train import cmd_train
 from ampsweep.tracking import store as mlflow_store
 
 # The experiment's GPT and data, shrunk: fewer bytes, shorter sequences, a few steps.

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ampsweep.app.train import cmd_train
+from ampsweep.cli.train import cmd_train
 from ampsweep.tracking import store as mlflow_store
 
 pytestmark = pytest.mark.slow

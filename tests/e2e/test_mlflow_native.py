@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_e2e_mlflow_native"
 def sweep(tmp_path_factory):
     """One in-process sweep, fp32 and bf16_pure (half weights: the logged copy is fp32),
     shared by the tests of this module."""
-    from ampsweep.app.train import cmd_train
+    from ampsweep.cli.train import cmd_train
 
     folder = tmp_path_factory.mktemp("native")
     store = f"sqlite:///{folder / 'mlflow.db'}"
@@ -93,9 +93,9 @@ def test_each_run_has_its_system_metrics_and_its_model_linked_and_registered(swe
 
 
 def test_a_model_that_cannot_be_recorded_fails_its_run(store, tmp_path, monkeypatch):
-    from ampsweep.app import job as runner
-    from ampsweep.app.context import EXIT_FAILED
     from ampsweep.config import compose
+    from ampsweep.runner import job as runner
+    from ampsweep.runner.context import EXIT_FAILED
     from ampsweep.tracking.recorder import MlflowRecorder
 
     def broken(self, *args, **kwargs):

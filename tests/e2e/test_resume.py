@@ -11,10 +11,10 @@ import pytest
 from callbacks import signal_at_step
 from conftest import all_runs, callback_env, resumable, run_cli
 
-from ampsweep.app import job
-from ampsweep.app.context import EXIT_KILLED
 from ampsweep.config import compose as config
 from ampsweep.engine import checkpoint
+from ampsweep.runner import job
+from ampsweep.runner.context import EXIT_KILLED
 from ampsweep.tracking import store
 
 FP16_GROWING = [  # a scale that grows every 2 clean steps, so it has changed by the kill

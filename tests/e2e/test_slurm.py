@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXACT, REPO, WARM, mlflow_server
+from conftest import EXACT, REPO, mlflow_server
 from slurm_fixture import job_state, slurm_cluster, wait_for, wait_state  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -92,8 +92,11 @@ def _ctrl_c_as_in_a_terminal() -> None:
 
 
 def _train(cluster, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """The sweep command, forked warm (``conftest.WARM``); its jobs start as SLURM starts them."""
-    return WARM.run(["train", "-m", *ON_THIS_CLUSTER, *args], tmp_path, _env(cluster), 300)
+    """The sweep command, run to its end; its jobs start as SLURM starts them."""
+    return subprocess.run(
+        [sys.executable, "-m", "ampsweep", "train", "-m", *ON_THIS_CLUSTER, *args], cwd=tmp_path,
+        env=_env(cluster), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 def _logs(tmp_path: Path) -> str:
@@ -351,7 +354,7 @@ def test_a_sweep_slurm_cannot_run_is_refused_in_one_line_before_anything_is_reco
 ):
     from mlflow import MlflowClient
 
-    from ampsweep.app.train import cmd_train
+    from ampsweep.cli.train import cmd_train
 
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)

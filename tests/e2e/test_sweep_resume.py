@@ -8,7 +8,7 @@ import pytest
 from callbacks import signal_at_step
 from conftest import callback_env, resumable, run_cli
 
-from ampsweep.app.context import EXIT_KILLED
+from ampsweep.runner.context import EXIT_KILLED
 from ampsweep.tracking import store
 
 

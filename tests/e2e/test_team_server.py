@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from conftest import REPO, free_port
 
-from ampsweep.app import ui
+from ampsweep.cli import ui
 
 pytestmark = pytest.mark.slow
 

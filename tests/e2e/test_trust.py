@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ampsweep.app import cli
+from ampsweep.cli import main as cli
 from ampsweep.tracking import store as mlflow_store
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
 """ampsweep's sweeper and launcher (``hydra/sweeper=ampsweep``, ``hydra/launcher=ampsweep``),
-where Hydra looks for plugins: they live in ``ampsweep.app.sweeper``."""
+where Hydra looks for plugins: they live in ``ampsweep.launch.sweeper``."""
 
-from ampsweep.app.sweeper import AmpsweepLauncher, AmpsweepSweeper  # noqa: F401
+from ampsweep.launch.sweeper import AmpsweepLauncher, AmpsweepSweeper  # noqa: F401

@@ -145,7 +145,7 @@ def test_keep_fp32_holds_under_torch_compile():
 
 
 def test_reproduce_keeps_the_runs_keep_fp32(main, store_uri):
-    from ampsweep.app.reproduce import reproduce
+    from ampsweep.cli.reproduce import reproduce
 
     res = main("train", *QUICK, "model=mlp", "precision=bf16", "precision.keep_fp32=[4]",
                f"tracking.uri={store_uri}")  # fmt: skip

@@ -67,9 +67,9 @@ def test_metrics_the_store_refuses_wait_in_the_journal_and_the_run_still_ends(st
 def test_a_job_whose_metrics_cannot_be_written_fails_and_ends_its_run(
     store_uri, quick, monkeypatch
 ):
-    from ampsweep.app import job
-    from ampsweep.app.context import EXIT_FAILED
     from ampsweep.config import compose as config
+    from ampsweep.runner import job
+    from ampsweep.runner.context import EXIT_FAILED
 
     real_start = MlflowRecorder.start
 

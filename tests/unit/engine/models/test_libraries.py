@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from ampsweep.app.doctor import ROUNDS
-from ampsweep.app.train import cmd_train
+from ampsweep.cli.doctor import ROUNDS
+from ampsweep.cli.train import cmd_train
 from ampsweep.config import compose
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import components

@@ -1,2 +1,0 @@
-"""The application: the ``ampsweep`` command, one job, launching a sweep, reproduce, the UI and
-the console."""

@@ -1,0 +1,184 @@
+"""``ampsweep capacity [OVERRIDES]``: the largest batch each configuration fits on this CUDA
+GPU, found by trying, beside the one predicted from a run's memory measurements (on a CPU,
+with ``--memory-budget``, the prediction alone).
+
+Every configuration of the command (``precision=fp32,bf16`` gives two) is validated first, as
+``ampsweep train`` does; then each is built, its memory measured (activation bytes per sample,
+the model's batch-independent memory: ``measure.memory``) and its largest batch searched by
+doubling then bisecting (``engine.capacity``). Each search is recorded as an MLflow run tagged
+``ampsweep.capacity=true`` with ``mem/max_batch_measured`` beside ``mem/max_batch_predicted``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from ampsweep import console
+from ampsweep.config.schema import Config, ConfigError, Tracker
+from ampsweep.measure import capacity as cap
+from ampsweep.tracking import store
+
+DEFAULT_LIMIT = 1 << 20
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "capacity",
+        help="find the largest batch each precision mode fits on this CUDA GPU",
+        description="For each configuration (Hydra overrides, e.g. precision=fp32,bf16): the "
+        "largest training batch that fits on this CUDA GPU, found by doubling then bisecting, "
+        "beside the one predicted from the activation bytes per sample and the model's memory.",
+    )
+    p.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="the budget the prediction assumes, e.g. 80GiB (default: the GPU's memory)",
+    )
+    p.add_argument(
+        "--limit", type=int, default=DEFAULT_LIMIT, help=f"largest batch tried ({DEFAULT_LIMIT})"
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_capacity)
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    try:
+        budget = parse_budget(args.memory_budget)
+        if args.limit < 1:
+            raise ConfigError(f"--limit {args.limit} must be >= 1, e.g. --limit {DEFAULT_LIMIT}")
+        configs = plan(list(args.overrides), budget)
+    except ConfigError as err:
+        console.error(str(err))
+        return 2
+    rows = []
+    for cfg in configs:
+        rows.append(measure(cfg, budget, args.limit))
+    print_rows(rows, budget)
+    return 0
+
+
+def parse_budget(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return cap.parse_size(text)
+    except cap.SizeError as err:
+        raise ConfigError(f"--memory-budget {text}: {err}") from None
+
+
+def plan(overrides: list[str], budget: int | None = None) -> list[Config]:
+    """Every configuration of the command, validated. Raises ConfigError (before anything is
+    built or recorded). Without a CUDA GPU only the prediction can be made, for a given
+    ``budget``: out of memory on a CPU is not an error a search can catch."""
+    from ampsweep.config.compose import load
+    from ampsweep.config.sweeps import expand_sweep, is_hydra_override
+    from ampsweep.engine import components
+    from ampsweep.engine.build import preflight, select_device
+
+    plain = [o for o in overrides if not is_hydra_override(o)]
+    configs = [components.resolve(load(job)) for job in expand_sweep(plain)]
+    for cfg in configs:
+        if select_device(cfg.trainer.device).type != "cuda" and budget is None:
+            raise ConfigError(
+                f"trainer.device={cfg.trainer.device.name}: ampsweep capacity searches the "
+                "largest batch on a CUDA GPU, and there is none here: add --memory-budget "
+                "SIZE (e.g. 80GiB) for the prediction alone"
+            )
+        fsdp = cfg.trainer.strategy.name == "fsdp"
+        if cfg.trainer.nproc != 1 and not fsdp:
+            raise ConfigError(
+                f"trainer.nproc={cfg.trainer.nproc}: ampsweep capacity measures one process "
+                "on one GPU: drop trainer.nproc (a DDP rank holds the same per-GPU batch)"
+            )
+        if cfg.trainer.nproc != 1 and budget is None:  # FSDP: predicted per rank only
+            raise ConfigError(
+                f"trainer.strategy=fsdp trainer.nproc={cfg.trainer.nproc}: ampsweep capacity "
+                "predicts what one rank of the sharded group holds but cannot search it in one "
+                "process: add --memory-budget SIZE (e.g. 80GiB, one GPU's memory)"
+            )
+    preflight(configs)
+    # Eager: torch.compile would recompile at every batch size tried.
+    return [replace(c, trainer=replace(c.trainer, compile=False)) for c in configs]
+
+
+def measure(cfg: Config, budget: int | None, limit: int) -> dict:
+    """Build one configuration, predict its largest batch, search it, record both."""
+    import torch
+
+    from ampsweep.engine import capacity
+    from ampsweep.engine.build import build
+    from ampsweep.runner.context import default_run_name
+
+    setup = build(cfg)
+    name = default_run_name(setup.cfg)
+    cuda = setup.device.type == "cuda" and not capacity.per_rank(setup.cfg)
+    doing = "searching" if cuda else "predicting (the search needs a CUDA GPU)"
+    if capacity.per_rank(setup.cfg):
+        doing = f"predicting per rank of {setup.cfg.trainer.nproc} under FSDP"
+    console.console.print(f"[bold]{name}[/]: {setup.num_params:,} parameters, {doing} ...")
+    metrics = capacity.prediction(setup, budget)
+    found = capacity.largest_batch(setup, limit) if cuda else cap.Search(0)
+    if cuda:
+        metrics[cap.MAX_BATCH_MEASURED] = found.largest
+        tried = ", ".join(f"{b}{'' if ok else ' (out of memory)'}" for b, ok in found.tried)
+        console.console.print(f"  tried {tried}")
+    row = {"name": name, "metrics": metrics, "limit_reached": found.limit_reached}
+    row["run_id"] = record(setup.cfg, name, metrics, found.tried)
+    del setup
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def record(cfg: Config, name: str, metrics: dict, tried: list) -> str | None:
+    if cfg.tracking.backend != Tracker.mlflow:
+        return None
+    from ampsweep.config.compose import flatten
+    from ampsweep.tracking.recorder import MlflowRecorder
+
+    tags = {store.PRECISION: cfg.precision.name, store.MODEL: cfg.model.name,
+            store.DATASET: cfg.dataset.name, store.CAPACITY: "true"}  # fmt: skip
+    recorder = MlflowRecorder.start(cfg.tracking, f"capacity-{name}", tags=tags)
+    recorder.log_params(flatten(cfg))
+    recorder.log_metrics(metrics, 0)
+    recorder.log_json({"tried": [{"batch": b, "fits": ok} for b, ok in tried]}, "capacity.json")
+    recorder.end(store.FINISHED)
+    return recorder.run_id
+
+
+def error_pct(predicted: float | None, measured: float | None) -> float | None:
+    """How far the prediction is from the measurement, in percent of the measurement."""
+    if not predicted or not measured:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+def print_rows(rows: list[dict], budget: int | None) -> None:
+    from rich import box
+    from rich.table import Table
+
+    where = cap.format_size(budget) if budget else "the GPU's memory"
+    console.console.print(f"Largest batch (predicted for {where}; measured by trying)")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("run", "measured", "predicted", "error", "bytes/sample", "model MiB"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+    for r in rows:
+        m = r["metrics"]
+        measured = m.get(cap.MAX_BATCH_MEASURED)
+        predicted = m.get(cap.MAX_BATCH_PREDICTED)
+        err = error_pct(predicted, measured)
+        table.add_row(
+            r["name"],
+            "-" if measured is None else f"{measured:,.0f}" + ("+" if r["limit_reached"] else ""),
+            "-" if predicted is None else f"{predicted:,.0f}",
+            "-" if err is None else f"{err:+.1f}%",
+            f"{m.get(cap.BYTES_PER_SAMPLE, 0):,.0f}",
+            f"{m.get(cap.MODEL_MIB, 0):,.1f}",
+        )
+    console.console.print(table)
+    for r in rows:
+        if r["run_id"]:
+            console.console.print(f"recorded {r['name']} as MLflow run {r['run_id']}")
+    if any(r["limit_reached"] for r in rows):
+        console.note("+: every batch up to --limit fit; raise --limit to search further")

@@ -1,0 +1,270 @@
+"""ampsweep's sweeper and launcher for Hydra: ``hydra/sweeper=ampsweep`` and
+``hydra/launcher=ampsweep``, the defaults of conf/config.yaml.
+
+The sweeper is Hydra's basic sweeper (the same options, ``hydra.sweeper.params`` and
+``max_batch_size``, and the whole override grammar: ``a,b``, ``range()``, ``choice()``,
+``glob()`` read against the config groups by Hydra's config loader), with three differences:
+
+- Its jobs run seed-major: every mode of seed 0, then every mode of seed 1, so that a change
+  in the machine's load over the sweep falls on every mode alike instead of on whichever mode
+  ran then (Hydra's basic sweeper varies the last override fastest). ``sweep.repeats=N``, where
+  the config has it, becomes that seed sweep: seeds ``trainer.seed``, ``trainer.seed + 1``...
+- Each job's config is composed once, here, and each batch of composed configs is handed to
+  the task function's ``check_batch`` before it is launched (ampsweep's command types, checks
+  and resolves every job there, and begins the sweep's parent run after the first batch; a
+  task function without one is launched unchecked, as by Hydra's own sweeper).
+- A launcher that takes composed configs (``launch_composed``: ampsweep's own) runs them as
+  they are; any other is given the jobs' overrides, and composes each job where it runs it.
+
+The launcher runs the jobs one after another in this process, as Hydra's basic launcher does
+but from configs composed already. Given overrides (by another sweeper: optuna's trials, say)
+it composes and checks each batch as it comes, as the sweeper does.
+
+Hydra instantiates a plugin only from the ``hydra_plugins`` namespace, under the name it was
+registered with: the classes say they belong to hydra_plugins.ampsweep_launcher.sweeper, which
+re-exports them. Their configs: conf/hydra/sweeper/ampsweep.yaml, conf/hydra/launcher/ampsweep.yaml.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.errors import HydraException
+from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from ampsweep.config.schema import ConfigError
+from ampsweep.launch.sweep import claim_dir
+
+PLUGIN_MODULE = "hydra_plugins.ampsweep_launcher.sweeper"
+REPEATS, SEED = "sweep.repeats", "trainer.seed"
+SWEEP_DIR = "hydra.sweep.dir"
+log = logging.getLogger(__name__)
+
+
+class AmpsweepSweeper(Sweeper):
+    """Hydra's basic sweeper, seed-major, composing and checking each job once."""
+
+    __module__ = PLUGIN_MODULE
+
+    def __init__(self, max_batch_size: int | None = None, params: dict | None = None) -> None:
+        super().__init__()
+        self.max_batch_size = max_batch_size
+        self.params = dict(params or {})
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
+        # In Hydra's order: the sweep params (an experiment file's) before the command's.
+        given = [*(f"{k}={v}" for k, v in self.params.items()), *arguments]
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = with_repeats(parser.parse_overrides(given), self.config, parser)
+        jobs = seed_major_jobs(overrides)
+        planned = Path(str(self.config.hydra.sweep.dir)).resolve()
+        made = [f for f in (planned, *planned.parents) if not f.exists()]  # what this sweep adds
+        sweep_dir = self._claim_sweep_dir()
+        made = [sweep_dir, *made[1:]] if made or sweep_dir != planned else []  # "-2": new
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        size = self.max_batch_size or len(jobs)
+        returns = []
+        for start in range(0, len(jobs), size):
+            batch = jobs[start : start + size]
+            try:
+                composed = self._compose(batch, start)  # the command's checks refuse here
+            except BaseException:
+                if not returns:  # refused before any job: nothing of the sweep is left
+                    _remove_unused(made)
+                raise
+            returns.append(launch_checked(self.launcher, composed, batch, start))
+        return returns
+
+    def _compose(self, batch: list[list[str]], start: int) -> list[DictConfig]:
+        return compose_batch(self.hydra_context, self.config, self.task_function, batch, start)
+
+    def _claim_sweep_dir(self) -> Path:
+        """The sweep dir, made here: unless the command names one, a sweep started in the same
+        second as another (the default dir is named by the second) gets ``<dir>-2``, and every
+        job is composed with it (its overrides are those of each job's composition)."""
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        hydra_overrides = self.config.hydra.overrides.hydra
+        if any(str(o).startswith(f"{SWEEP_DIR}=") for o in hydra_overrides):
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            return sweep_dir
+        sweep_dir = claim_dir(sweep_dir)
+        with read_write(self.config), open_dict(self.config):
+            self.config.hydra.sweep.dir = str(sweep_dir)
+            hydra_overrides.append(f"{SWEEP_DIR}={sweep_dir}")
+        return sweep_dir
+
+
+def _remove_unused(made: list[Path]) -> None:
+    """The folders this sweep made (its sweep dir first, then the parents it created), when
+    no job ran in them: the sweep dir holds only multirun.yaml."""
+    if not made or {p.name for p in made[0].iterdir()} > {"multirun.yaml"}:
+        return
+    shutil.rmtree(made[0], ignore_errors=True)
+    for folder in made[1:]:  # outputs/multirun/<date>, ... while empty
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: another sweep's
+            break
+
+
+class AmpsweepLauncher(Launcher):
+    """Hydra's basic launcher for configs composed already (and, given overrides, composing
+    and checking each batch first)."""
+
+    __module__ = PLUGIN_MODULE
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        batch = [list(o) for o in job_overrides]
+        configs = compose_batch(
+            self.hydra_context, self.config, self.task_function, batch, initial_job_idx
+        )
+        return self.launch_composed(configs)
+
+    def launch_composed(self, configs: list[DictConfig]) -> list[JobReturn]:
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info(f"Launching {len(configs)} jobs locally")
+        runs = []
+        for cfg in configs:
+            shown = " ".join(filter_overrides(list(cfg.hydra.overrides.task)))
+            log.info(f"\t#{cfg.hydra.job.num} : {shown}")
+            runs.append(
+                run_job(
+                    hydra_context=self.hydra_context,
+                    task_function=self.task_function,
+                    config=cfg,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            )
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return runs
+
+
+def compose_batch(
+    hydra_context: HydraContext,
+    master: DictConfig,
+    task_function: TaskFunction,
+    batch: list[list[str]],
+    start: int,
+) -> list[DictConfig]:
+    """Each job of a batch composed once, numbered, and handed to the task function's
+    ``check_batch`` (if it has one), which may refuse the sweep by raising."""
+    configs = []
+    for num, overrides in enumerate(batch, start):
+        cfg = hydra_context.config_loader.load_sweep_config(master, list(overrides))
+        with open_dict(cfg):
+            cfg.hydra.job.id = num
+            cfg.hydra.job.num = num
+        configs.append(cfg)
+    check: Callable[[list[DictConfig]], Any] | None = getattr(task_function, "check_batch", None)
+    if check is not None:
+        check(configs)
+    return configs
+
+
+def launch_checked(
+    launcher: Launcher, configs: list[DictConfig], batch: list[list[str]], start: int
+) -> Sequence[JobReturn]:
+    """The batch launched with its composed configs where the launcher takes them, else by
+    its overrides (a launcher that runs jobs in other processes composes them there)."""
+    launch_composed = getattr(launcher, "launch_composed", None)
+    if launch_composed is not None:
+        return launch_composed(configs)
+    return launcher.launch(batch, initial_job_idx=start)
+
+
+def seed_major_jobs(overrides: list[Override]) -> list[list[str]]:
+    """The jobs of the basic sweeper (the product of every override's values; a key given
+    twice counts once, with its last value, as in Hydra's own), with the seed's sweep as the
+    slowest axis; each job's overrides stay in the order given (what its run records)."""
+    axes: dict[str, list[str]] = {}
+    for o in overrides:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            axes[key] = [f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_discrete_sweep():
+            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            raise HydraException(
+                f"{o.input_line}: hydra/sweeper=ampsweep takes lists, range() and choice() (and "
+                f"glob()); {o.value_type.name.lower().replace('_', ' ')}s are for a search: use "
+                "hydra/sweeper=optuna"
+            )
+    keys = list(axes)
+    order = seed_major(keys)
+    combos = itertools.product(*(axes[keys[i]] for i in order))
+    return [[combo[order.index(i)] for i in range(len(keys))] for combo in combos]
+
+
+def seed_major(keys: Sequence[str]) -> list[int]:
+    """The positions of a sweep's ``keys`` with the seed's first: the product of the axes then
+    runs every mode (and every other setting) of one seed before the next seed, so the runs a
+    report pairs by seed also run side by side in time."""
+    return sorted(range(len(keys)), key=lambda i: keys[i] != SEED)
+
+
+def with_repeats(
+    overrides: list[Override], master: DictConfig, parser: OverridesParser
+) -> list[Override]:
+    """``sweep.repeats=N`` (read from the sweep's config, where it has that key) as a
+    ``trainer.seed`` sweep of N seeds from the configured seed on (``trainer.seed=5
+    sweep.repeats=3``: seeds 5, 6, 7), crossed with the rest of the sweep: the jobs are then
+    exactly those of an explicit ``trainer.seed=5,6,7`` sweep, and record the seed they ran
+    with. Raises ConfigError."""
+    swept = {o.get_key_element() for o in overrides if o.is_sweep_override()}
+    if REPEATS in swept:
+        raise ConfigError(
+            f"{_given(overrides, REPEATS)}: sweep.repeats cannot itself be swept: give one "
+            "number, e.g. sweep.repeats=3"
+        )
+    repeats = OmegaConf.select(master, REPEATS, default=1)
+    if repeats is None or repeats == 1:
+        return overrides
+    if repeats < 1:
+        raise ConfigError(
+            f"sweep.repeats={repeats} must be >= 1: the runs of each configuration, e.g. "
+            "sweep.repeats=3 for a mean with a confidence interval"
+        )
+    if SEED in swept:
+        raise ConfigError(
+            f"sweep.repeats={repeats} with a trainer.seed sweep: each sets the seeds: give "
+            f"sweep.repeats={repeats} (seeds trainer.seed, trainer.seed + 1, ...) or the seeds, "
+            "e.g. trainer.seed=0,1,2, not both"
+        )
+    base = int(OmegaConf.select(master, SEED, default=0))
+    seeds = ",".join(str(base + i) for i in range(repeats))
+    kept = [o for o in overrides if o.get_key_element() not in (REPEATS, SEED)]
+    return [*kept, *parser.parse_overrides([f"{SEED}={seeds}"])]
+
+
+def _given(overrides: list[Override], key: str) -> str:
+    return next((o.input_line for o in overrides if o.get_key_element() == key), key)
