@@ -86,7 +86,7 @@ from ampsweep.engine.data.batches import epoch_order  # noqa: E402
 from ampsweep.engine.export import snapshot  # noqa: E402
 from ampsweep.engine.loop import fit  # noqa: E402
 from ampsweep.measure.divergence import NonfiniteWatch  # noqa: E402
-from ampsweep.measure.timing import StepTimer  # noqa: E402
+from ampsweep.measure.speed import StepTimer  # noqa: E402
 from ampsweep.precision import policy  # noqa: E402
 from ampsweep.precision.policy import found_inf  # noqa: E402
 from ampsweep.tracking import host, system_metrics  # noqa: E402
@@ -531,7 +531,7 @@ def main() -> int:
         met = report_interleaved(args, lengths, reps_of)
         print(f"at end:   {load_line()}")
         return 0 if met or args.quick else 1
-    if not args.mlflow_here:  # as app.startup does for a single run: MLflow in its own process
+    if not args.mlflow_here:  # as cli.startup does for a single run: MLflow in its own process
         preload = ("mlflow", host.FUNCTIONS, "mlflow.store.tracking.sqlalchemy_store")
         host.serve_this_process(host.Host.start(preload, mlflow_store.local_client))
     print("recording:", "in this process" if args.mlflow_here else "through a recorder host")

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from ampsweep.measure import capacity
-from ampsweep.measure.flops import cross_entropy
+from ampsweep.measure.speed import cross_entropy
 
 MIB = 1024**2
 

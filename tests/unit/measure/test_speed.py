@@ -1,5 +1,6 @@
-"""measure/flops.py: FLOPs of one training step (counted, not assumed), the GPU peak table,
-and the speed metrics TFLOPS and MFU on numbers worked out by hand."""
+"""measure/speed.py: the median step time, with the warm-up steps left out; FLOPs of one
+training step (counted, not assumed), the GPU peak table, and the speed metrics TFLOPS and MFU
+on numbers worked out by hand."""
 
 from __future__ import annotations
 
@@ -9,9 +10,33 @@ import torch
 from ampsweep.config import compose as config
 from ampsweep.engine import build as train
 from ampsweep.engine import loop
-from ampsweep.measure import flops
+from ampsweep.measure import speed
+from ampsweep.measure.speed import StepTimer
 from ampsweep.precision.modes import PrecisionConfig
 from ampsweep.precision.policy import build_policy
+
+
+def test_the_median_leaves_out_the_warm_up_steps(monkeypatch):
+    # Five steps, the first two warm-up (the clock is not even read); the other three take 5,
+    # 9 and 7 ms, so the median is 7 ms.
+    ticks = iter([0.0, 0.005, 1.0, 1.009, 2.0, 2.007])
+    monkeypatch.setattr(speed.time, "perf_counter", lambda: next(ticks, 9.0))
+    timer = StepTimer(torch.device("cpu"), warmup=2)
+    for _ in range(5):
+        timer.start()
+        timer.stop()
+    assert [round(t, 6) for t in timer.times_ms()] == [5.0, 9.0, 7.0]
+    assert round(timer.median_ms(), 6) == 7.0
+    assert round(timer.last_ms(), 6) == 7.0
+
+
+def test_no_step_after_the_warm_up_means_no_time():
+    timer = StepTimer(torch.device("cpu"), warmup=3)
+    for _ in range(3):
+        timer.start()
+        timer.stop()
+    assert timer.median_ms() is None and timer.last_ms() is None
+
 
 CPU = torch.device("cpu")
 
@@ -25,8 +50,8 @@ def test_train_step_flops_of_a_linear_layer_match_the_formula():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5))
     x, y = torch.randn(8, 3, 2, 2), torch.randint(0, 5, (8,))
     # forward 2*B*in*out; backward: grad of the weight (2*B*in*out) only, the input needs none
-    assert flops.train_step_flops(model, x, y, policy("fp32")) == 2 * (2 * 8 * 12 * 5)
-    three = flops.train_step_flops(model, x, y, policy("fp32"), micro_batches=3)
+    assert speed.train_step_flops(model, x, y, policy("fp32")) == 2 * (2 * 8 * 12 * 5)
+    three = speed.train_step_flops(model, x, y, policy("fp32"), micro_batches=3)
     assert three == 3 * 2 * (2 * 8 * 12 * 5)
 
 
@@ -39,7 +64,7 @@ def test_counting_leaves_the_run_state_alone():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = torch.randn(5, 1, 8, 8), torch.randint(0, 3, (5,))
     rng = torch.get_rng_state()
-    assert flops.train_step_flops(model, x, y, policy("bf16")) > 0
+    assert speed.train_step_flops(model, x, y, policy("bf16")) > 0
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())
@@ -65,20 +90,20 @@ def test_counting_leaves_the_run_state_alone():
     ],
 )
 def test_known_gpus_are_found(name, label):
-    assert flops.lookup_peak(name)[0] == label
+    assert speed.lookup_peak(name)[0] == label
 
 
 @pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA GH200 480GB", "NVIDIA B300", "Mystery"])
 def test_unknown_or_different_parts_get_no_peak(name):
-    assert flops.lookup_peak(name) is None
+    assert speed.lookup_peak(name) is None
 
 
 def test_peaks_are_dense_and_per_dtype():
-    h200 = flops.lookup_peak("NVIDIA H200")[1]
+    h200 = speed.lookup_peak("NVIDIA H200")[1]
     assert (h200.fp32, h200.tf32, h200.bf16) == (67.0, 494.5, 989.5)
-    a100 = flops.lookup_peak("NVIDIA A100-SXM4-40GB")[1]
+    a100 = speed.lookup_peak("NVIDIA A100-SXM4-40GB")[1]
     assert (a100.fp32, a100.tf32, a100.fp16, a100.bf16) == (19.5, 156.0, 312.0, 312.0)
-    assert flops.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
+    assert speed.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
 
 
 def test_math_kind_follows_the_mode():
@@ -91,7 +116,7 @@ def test_math_kind_follows_the_mode():
 
 
 def test_speed_metrics_on_cpu_have_tflops_but_no_mfu():
-    out = flops.speed_metrics(2 * 10**12, 500.0, CPU, policy("fp32"))
+    out = speed.speed_metrics(2 * 10**12, 500.0, CPU, policy("fp32"))
     assert out["perf/tflops"] == pytest.approx(4.0)
     assert "perf/mfu" not in out
 
@@ -102,7 +127,7 @@ def test_a_run_records_tflops_of_its_known_flops_over_its_step_time(quick, monke
     same again for the weight gradients plus 2*64*(32*32 + 32*10) = 172,032 for the input
     gradients of the two upper layers: 1,040,384 per micro-batch, 2,080,768 per step. At 8 ms
     a step that is 2,080,768 / 0.008 s = 2.60096e8 FLOP/s = 2.60096e-4 TFLOPS."""
-    from ampsweep.measure.timing import StepTimer
+    from ampsweep.measure.speed import StepTimer
 
     monkeypatch.setattr(StepTimer, "median_ms", lambda self: 8.0)
     cfg = config.load([
@@ -119,12 +144,12 @@ def test_mfu_divides_by_the_peak_of_the_gpu_and_the_modes_math(monkeypatch):
     # 494.5 TFLOPS is the H200's dense TF32 peak; bf16 runs against 989.5.
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     cuda = torch.device("cuda", 0)
-    out = flops.speed_metrics(98_900_000_000, 1000.0, cuda, policy("bf16"))  # 0.0989 TFLOPS
+    out = speed.speed_metrics(98_900_000_000, 1000.0, cuda, policy("bf16"))  # 0.0989 TFLOPS
     assert out["perf/tflops"] == pytest.approx(0.0989)
     assert out["perf/mfu"] == pytest.approx(0.0989 / 989.5)
-    unknown = flops.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
+    unknown = speed.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Mystery GPU")
-    assert "perf/mfu" not in flops.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
+    assert "perf/mfu" not in speed.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
     assert unknown["perf/mfu"] == pytest.approx(1.0 / 67.0)  # H200 fp32: 67 TFLOPS
-    assert flops.speed_metrics(0, 10.0, cuda, policy("fp32")) == {}
-    assert flops.speed_metrics(10**9, None, cuda, policy("fp32")) == {}
+    assert speed.speed_metrics(0, 10.0, cuda, policy("fp32")) == {}
+    assert speed.speed_metrics(10**9, None, cuda, policy("fp32")) == {}
