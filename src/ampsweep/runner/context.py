@@ -1,20 +1,24 @@
 """What a command and its jobs tell each other: the job's outcome, what the command shares
-with its jobs (``CommandContext``), what Hydra tells a job about itself (``JobContext``), and
-the exit codes a job's end maps to."""
+with its jobs (``CommandContext``), what Hydra tells a job about itself (``JobContext``), what
+a job knows of itself while it runs (``JobState``, shared by its parts), and the exit codes a
+job's end maps to."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from ampsweep.config.schema import Config
+from ampsweep.engine.lease import NoLease
+from ampsweep.runner.signals import StopRequest
 from ampsweep.tracking import store
 from ampsweep.tracking.closer import RunCloser
+from ampsweep.tracking.recorder import NullRecorder
 from ampsweep.tracking.sweep import SweepInfo
 
 if TYPE_CHECKING:  # only named here: runner.plan imports the engine, which costs torch
@@ -94,3 +98,23 @@ class JobContext:
             job_num=hc.job.num if multirun else None,
             sweep_dir=Path(hc.sweep.dir).resolve() if multirun else None,
         )
+
+
+@dataclass
+class JobState:
+    """What one job knows of itself while it runs, shared by the ``Job`` and its parts (the
+    ``Resumer`` that finds where it continues from, the ``RunEnd`` that ends its run): each
+    field is set by the phase named beside it and read by the later ones."""
+
+    ctx: JobContext
+    command: CommandContext
+    rank: Any  # engine.distributed.Rank: this process's place in a DDP run
+    stop: StopRequest
+    sweep: SweepInfo | None = None  # the sweep this job belongs to (None: a single run)
+    name: str = "job"  # plan: the run's name, secrets masked
+    uri: str = ""  # plan: the MLflow store
+    tracked: bool = False  # plan: this process records the run
+    recorder: Any = field(default_factory=NullRecorder)  # open: the run's recorder
+    lease: Any = field(default_factory=NoLease)  # the run's checkpoint folder, while it trains
+    setup: Any = None  # build: what the run's end records of its numerics
+    store_failed: str | None = None  # why training stopped for the store

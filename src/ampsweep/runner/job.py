@@ -10,9 +10,9 @@ message is printed, and the outcome says how the job ended so the command can ex
 
 What the command needs from its jobs (their outcomes) and gives them (extra tags, the sweep it
 launched) travels in a ``CommandContext`` that the task function carries (``runner.context``).
-The job's other parts: how it is stopped (``runner.signals``), where it resumes from
-(``runner.resume``), how its run ends (``runner.ending``) and what it records of its numerics
-(``runner.numerics``).
+The job holds its parts as collaborators that share its ``JobState`` (``runner.context``):
+how it is stopped (``StopRequest``, ``runner.signals``), where it resumes from (``Resumer``,
+``runner.resume``) and how its run ends (``RunEnd``, ``runner.ending``).
 
 This module imports the engine (and torch): what must start without torch (Hydra's plugin scan
 in any Hydra app, ``ampsweep report``) imports it only where it runs a job.
@@ -20,9 +20,11 @@ in any Hydra app, ``ampsweep report``) imports it only where it runs a job.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import sys
+import tempfile
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -35,21 +37,22 @@ from ampsweep.engine import callbacks, checkpoint, distributed, loop, sharded
 from ampsweep.engine.build import build_planned, select_device
 from ampsweep.engine.confighash import config_hash, folder_for
 from ampsweep.engine.export import snapshot
-from ampsweep.engine.lease import NoLease
 from ampsweep.measure import contention
-from ampsweep.runner import environment, estimate, numerics
+from ampsweep.measure.probe import probe
+from ampsweep.runner import environment, estimate
 from ampsweep.runner.context import (
     CommandContext,
     JobContext,
     JobOutcome,
+    JobState,
     default_run_name,
 )
-from ampsweep.runner.ending import Ending
+from ampsweep.runner.ending import RunEnd, record_origin, say_origin
 from ampsweep.runner.plan import PlannedJob, plan_job
-from ampsweep.runner.resume import Resuming, cluster_job_tag, replay_left
+from ampsweep.runner.resume import Resumer, cluster_job_tag, replay_left
 from ampsweep.runner.signals import StopRequest, requeue_signal
-from ampsweep.tracking import store
-from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder
+from ampsweep.tracking import journal, store
+from ampsweep.tracking.recorder import MlflowRecorder
 from ampsweep.tracking.secrets import mask_text
 from ampsweep.tracking.sweep import SweepInfo
 
@@ -109,68 +112,69 @@ def end_stray_mlflow_run() -> None:
         mlflow.end_run()
 
 
-class Job(Resuming, Ending):
+class Job:
+    """One job's life in phases (``run``), with its parts as collaborators over one
+    ``JobState``: ``resume`` (where it continues from) and ``end`` (how its run ends)."""
+
     def __init__(self, node, ctx: JobContext, command: CommandContext, rank):
-        self.node, self.ctx, self.command, self.rank = node, ctx, command, rank
-        self.sweep = None
+        sweep = None
         if ctx.sweep_dir is not None:  # a multirun job: from the command, else the sweep dir
             own = command.sweep
             in_dir = own if own and Path(own.sweep_dir) == ctx.sweep_dir else None
-            self.sweep = in_dir or SweepInfo.from_sweep_dir(ctx.sweep_dir)
-        self.name = "job"
-        self.recorder = NullRecorder()
+            sweep = in_dir or SweepInfo.from_sweep_dir(ctx.sweep_dir)
         requeue = requeue_signal() if rank.is_main else None
-        self.stop = StopRequest(requeue)
-        self.setup = None  # once built: what the run's end records of its numerics
+        self.node = node
+        self.state = JobState(ctx, command, rank, StopRequest(requeue), sweep)
+        self.resume = Resumer(self.state)
+        self.end = RunEnd(self.state)
         self.history: dict[str, list[tuple[int, float]]] = {}  # what training logged
-        self.lease = NoLease()  # on the run's checkpoint folder while this job trains it
-        self.uri = ""  # the MLflow store, once planned
-        self.store_failed: str | None = None  # why training stopped for the store
 
     # ---------------------------------------------------------------- the phases
 
     def run(self) -> JobOutcome:
+        job = self.state
         end_stray_mlflow_run()
-        self.stop.install()
+        job.stop.install()
         try:
             outcome = self._phases()
         except KeyboardInterrupt as err:
-            outcome = self._stopped(err)
+            outcome = self.end.stopped(err)
             # (SIGTERM first and the requeue signal just after is how some clusters preempt.)
-            if not self.stop.requeue and not self.store_failed:
+            if not job.stop.requeue and not job.store_failed:
                 self._done(outcome)
                 raise
         except Exception as err:  # every failure becomes one line and a FAILED run
-            outcome = self._failed(err)
+            outcome = self.end.failed(err)
         finally:
-            self.stop.uninstall()
-            self.lease.release()
-        if outcome.status == store.KILLED and self.stop.requeue:
-            outcome = self._requeue(outcome)  # exits here when submitit requeues the job
+            job.stop.uninstall()
+            job.lease.release()
+        if outcome.status == store.KILLED and job.stop.requeue:
+            outcome = self.end.requeue(outcome)  # exits here when submitit requeues the job
         self._done(outcome)
-        if self.stop.requested and not self.stop.requeue and not self.store_failed:
+        if job.stop.requested and not job.stop.requeue and not job.store_failed:
             # the signal came after the last step (it finished) or while the run's end was
             # recorded: stop here
             raise KeyboardInterrupt("a signal as the job ended")
         return outcome
 
     def _phases(self) -> JobOutcome:
+        job = self.state
         cfg, refusal = self.plan()
-        if self.tracked:
-            twin = self._finished_twin(cfg) if self.sweep and not refusal else None
+        if job.tracked:
+            twin = self.resume.finished_twin(cfg) if job.sweep and not refusal else None
             if twin is not None:
-                return self._skip(twin)
+                return self.resume.skip(twin)
         setup = None
         if not refusal:
-            if self.rank.enabled:
-                distributed.init(self.rank, select_device(cfg.trainer.device).type)
+            if job.rank.enabled:
+                distributed.init(job.rank, select_device(cfg.trainer.device).type)
             try:
-                setup = self.setup = build_planned(cfg)
+                setup = job.setup = build_planned(cfg)
             except ConfigError as err:
                 refusal = err
-        if refusal and not (self.tracked and self.sweep):
+        if refusal and not (job.tracked and job.sweep):
             raise refusal  # a bad single command leaves nothing in the store
-        ckpt = self._resume_point(cfg) if setup else None
+        ckpt = self.resume.resume_point(cfg) if setup else None
         self.open(cfg, ckpt)
         if refusal:  # in a sweep, a refused job is recorded as a FAILED child run
             raise refusal
@@ -180,105 +184,118 @@ class Job(Resuming, Ending):
     def plan(self) -> tuple[Config, ConfigError | None]:
         """The config as it will run here, the run's name, and whether it is recorded. A
         config this hardware refuses is returned with the refusal."""
+        job = self.state
         planned = self.node if isinstance(self.node, PlannedJob) else None
         if planned is None:  # planned here, once: a job in its own process, a test
             cfg = self.node if isinstance(self.node, Config) else to_config(self.node)
             planned = plan_job(cfg)
         cfg = planned.cfg
-        self.name = mask_text(cfg.tracking.run_name or default_run_name(cfg))
+        job.name = mask_text(cfg.tracking.run_name or default_run_name(cfg))
         # Only rank 0 records: one training across N processes is one MLflow run.
-        self.tracked = cfg.tracking.backend == Tracker.mlflow and self.rank.is_main
-        self.uri = store.resolve_uri(cfg.tracking.uri)
-        if self.tracked:
-            store.check(self.uri)
-        if self.rank.enabled:  # record the processes that actually ran
-            cfg = replace(cfg, trainer=replace(cfg.trainer, nproc=self.rank.world_size))
+        job.tracked = cfg.tracking.backend == Tracker.mlflow and job.rank.is_main
+        job.uri = store.resolve_uri(cfg.tracking.uri)
+        if job.tracked:
+            store.check(job.uri)
+        if job.rank.enabled:  # record the processes that actually ran
+            cfg = replace(cfg, trainer=replace(cfg.trainer, nproc=job.rank.world_size))
         refusal = planned.refusal
         name = cfg.tracking.run_name or default_run_name(cfg)
-        if self.sweep and not cfg.tracking.run_name:
-            name = self.sweep.run_name(name, self.ctx.job_num)
-        self.name = mask_text(name)  # a run name may interpolate a secret: never show it
-        self.cfg = cfg
+        if job.sweep and not cfg.tracking.run_name:
+            name = job.sweep.run_name(name, job.ctx.job_num)
+        job.name = mask_text(name)  # a run name may interpolate a secret: never show it
         return cfg, refusal
 
     def open(self, cfg: Config, ckpt: dict | None) -> None:
         """The recorder: the checkpoint's run continued, a new run, or nothing recorded."""
-        if not self.tracked:
+        job = self.state
+        if not job.tracked:
             return
         if ckpt and ckpt["run_id"]:
-            replay_left(Path(ckpt["path"]).parent, self.uri)  # an earlier outage's records
-            self.recorder = self._reattach(ckpt, cfg)
+            replay_left(Path(ckpt["path"]).parent, job.uri)  # an earlier outage's records
+            job.recorder = self.resume.reattach(ckpt, cfg)
             self._keep_journal(cfg)
         else:
             tags = self._tags(cfg)
             tags[store.CONFIG_HASH] = config_hash(cfg)
-            parent = self.sweep.parent_run_id if self.sweep else None
-            self.recorder = MlflowRecorder.start(
-                cfg.tracking, self.name, tags=tags, parent_run_id=parent, uri=self.uri
+            parent = job.sweep.parent_run_id if job.sweep else None
+            job.recorder = MlflowRecorder.start(
+                cfg.tracking, job.name, tags=tags, parent_run_id=parent, uri=job.uri
             )
             self._keep_journal(cfg)
-            self.recorder.log_params({**flatten(cfg), "world_size": self.rank.world_size})
-            self.recorder.log_text(to_yaml(cfg), "config.yaml")
+            job.recorder.log_params({**flatten(cfg), "world_size": job.rank.world_size})
+            job.recorder.log_text(to_yaml(cfg), "config.yaml")
         if cfg.tracking.system_metrics:  # only rank 0 records: its sampler sees every GPU
-            self.recorder.start_system_metrics(cfg.tracking.system_metrics_interval)
+            job.recorder.start_system_metrics(cfg.tracking.system_metrics_interval)
+
+    def _keep_journal(self, cfg: Config) -> None:
+        """The run's records go to a journal in its checkpoint folder (held by this job's
+        lease) before the store; a store outage is said once, and stops training if asked."""
+        recorder = self.state.recorder
+        folder = folder_for(cfg, recorder.run_id)
+        self.resume.own(folder)
+        recorder.keep_journal(folder / journal.NAME)
+        recorder.on_down = partial(self.end.store_down, cfg.tracking.on_store_failure)
 
     def train(self, setup, ckpt: dict | None) -> dict:
-        cfg, recorder = setup.cfg, self.recorder
+        job = self.state
+        cfg, recorder = setup.cfg, job.recorder
         tags = environment.run_tags(setup.device)
         tags.update({f"{store.DATA_PREFIX}{k}": str(v) for k, v in setup.dataset_info.items()})
         tags["model.num_params"] = str(setup.num_params)
+        tags.update(setup.objective.task.score.tags())  # what the report judges quality by
         tags.update(store.fp8_tags(setup.fp8.converted, setup.fp8.kept, setup.fp8.emulated))
         recorder.set_tags(tags)
         recorder.log_inputs(setup.data_inputs)  # the train and validation sets, by digest
-        if cfg.diagnostics.numerics and self.rank.is_main:
-            numerics.record_probe(self.recorder, setup)
+        if cfg.diagnostics.numerics and job.rank.is_main:
+            record_probe(job.recorder, setup)
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = folder_for(cfg, recorder.run_id)
         checkpoints = loop.NoCheckpoints()
         if sharded.wanted(cfg):  # every rank writes its shards: one folder for all
             folder = sharded.agreed_folder(folder)
         weights = sharded.in_file if sharded.wanted(cfg) else None
-        if self.rank.is_main:
-            self._own(folder)
+        if job.rank.is_main:
+            self.resume.own(folder)
             checkpoints = checkpoint.Checkpointer(
                 folder, cfg, recorder.run_id, recorder.flush, mask=mask_text, weights=weights
             )
             recorder.set_tags({store.CHECKPOINT_DIR: str(folder)})
         if sharded.wanted(cfg):
-            main = checkpoints if self.rank.is_main else None
+            main = checkpoints if job.rank.is_main else None
             checkpoints = sharded.ShardedCheckpoints(folder, cfg.trainer.checkpoint_every, main)
         console.console.print(
-            f"[bold]{self.name}[/]: {setup.policy.mode.name} on {setup.device}, "
+            f"[bold]{job.name}[/]: {setup.policy.mode.name} on {setup.device}, "
             f"{setup.num_params:,} parameters, {setup.dataset_info['train_samples']} train / "
             f"{setup.dataset_info['val_samples']} val samples, {setup.total_steps} steps"
         )
-        if sharded.wanted(cfg) and not self.rank.enabled:
+        if sharded.wanted(cfg) and not job.rank.enabled:
             console.console.print(
-                f"{self.name}: trainer.strategy=fsdp in one process: the model runs unsharded "
+                f"{job.name}: trainer.strategy=fsdp in one process: the model runs unsharded "
                 "(FSDP shards over trainer.nproc > 1 ranks); checkpoints are sharded ones"
             )
-        if self.rank.is_main:
+        if job.rank.is_main:
             console.console.print(f"checkpoints: {folder}")
-        progress = console.progress_bar(cfg.trainer.progress and self.rank.is_main)
+        progress = console.progress_bar(cfg.trainer.progress and job.rank.is_main)
         hooks = callbacks.instantiate(cfg.trainer.callbacks)  # the user's, checked by plan
         # how much of the machine the timed steps had (other processes competing for it)
         self.share = contention.MachineShare(
             cfg.trainer.timing_warmup_steps, setup.total_steps, cfg.trainer.log_every
         )
         hooks = [*hooks, self.share, self._estimate(setup)]
-        stop = sharded.GroupStop(self.stop) if sharded.is_sharded(setup.model) else self.stop
-        with self.stop.deferred():  # a signal during training stops at a step boundary
+        stop = sharded.GroupStop(job.stop) if sharded.is_sharded(setup.model) else job.stop
+        with job.stop.deferred():  # a signal during training stops at a step boundary
             return loop.fit(setup, self._log, progress, state, checkpoints, stop, hooks)
 
     def _estimate(self, setup) -> estimate.DurationEstimate:
         """Says once, after the first timed steps, how long this job and the sweep will take."""
-        cfg, num, plan = setup.cfg, self.ctx.job_num, self.command.plan
+        job = self.state
+        cfg, num, plan = setup.cfg, job.ctx.job_num, job.command.plan
         later = plan[num + 1 :] if num is not None and num < len(plan) else []
-        done = [o for o in self.command.outcomes if o.config and "perf/wall_s" in o.summary]
+        done = [o for o in job.command.outcomes if o.config and "perf/wall_s" in o.summary]
         known = {o.config["precision"]["name"]: o.summary["perf/wall_s"] for o in done}
-        say = console.console.print if self.rank.is_main else (lambda text: None)
+        say = console.console.print if job.rank.is_main else (lambda text: None)
         return estimate.DurationEstimate(
-            self.name, cfg.precision.name, setup.total_steps, cfg.trainer.timing_warmup_steps,
+            job.name, cfg.precision.name, setup.total_steps, cfg.trainer.timing_warmup_steps,
             later, known, estimate.cpu_flags(), setup.device.type == "cpu", say,
         )  # fmt: skip
 
@@ -286,12 +303,13 @@ class Job(Resuming, Ending):
         """Record metrics, and keep them for the job's outcome (the Python API returns them)."""
         for key, value in metrics.items():
             self.history.setdefault(key, []).append((step, float(value)))
-        self.recorder.log_metrics(metrics, step)
+        self.state.recorder.log_metrics(metrics, step)
 
     def close(self, setup, summary: dict) -> JobOutcome:
+        job = self.state
         final_step = int(summary["train/steps"])
         summary.update(self.share.metrics())
-        recorder = self.recorder
+        recorder = job.recorder
         recorder.log_metrics(
             {k: v for k, v in summary.items() if not k.startswith(("val/", "train/"))},
             final_step,
@@ -302,49 +320,65 @@ class Job(Resuming, Ending):
         tracked = setup.cfg.tracking.backend == Tracker.mlflow and setup.cfg.tracking.log_model
         if tracked and sharded.is_sharded(module):
             # the whole model gathered to rank 0 for logging (a collective: every rank)
-            module = sharded.full_module(module, setup.skeleton, self.rank.is_main)
-        numerics.record_origin(self.recorder, setup)
+            module = sharded.full_module(module, setup.skeleton, job.rank.is_main)
+        record_origin(job.recorder, setup)
         if recorder.run_id is not None:
             recorder.log_json(summary, "summary.json")
             setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
             if setup.fp8.recipe:  # every Linear layer, converted or why not
                 recorder.log_json(setup.fp8.table(), store.FP8_LAYERS_ARTIFACT)
-            hydra_dir = self.ctx.output_dir / ".hydra" if self.ctx.output_dir else None
+            hydra_dir = job.ctx.output_dir / ".hydra" if job.ctx.output_dir else None
             if hydra_dir and hydra_dir.is_dir():
                 recorder.log_artifact(hydra_dir, ".hydra")
             if setup.cfg.tracking.log_model:
                 model = snapshot(module, setup.val_batches)  # fp32, on the CPU, at once
-        outcome = JobOutcome(self.name, store.FINISHED, recorder.run_id, summary=summary,
+        outcome = JobOutcome(job.name, store.FINISHED, recorder.run_id, summary=summary,
                              history=self.history, config=as_dict(setup.cfg))  # fmt: skip
         where = None
         if recorder.run_id is not None:
             where = f"MLflow run {recorder.run_id} in {store.describe(recorder.uri)}"
             if model is not None:
                 where += f"; model runs:/{recorder.run_id}/{store.MODEL_NAME}"
-        console.print_summary(f"{self.name} finished", summary, where)
-        numerics.say_origin(self.name, setup)
-        finish = partial(self._finish, recorder, model, final_step, setup.cfg, outcome)
-        self.command.closer.submit(finish)  # now, or while the next job of a sweep trains
+        console.print_summary(f"{job.name} finished", summary, where)
+        say_origin(job.name, setup)
+        finish = partial(self.end.finish, recorder, model, final_step, setup.cfg, outcome)
+        job.command.closer.submit(finish)  # now, or while the next job of a sweep trains
         return outcome
 
     def _done(self, outcome: JobOutcome) -> None:
-        outcome.job_num, outcome.overrides = self.ctx.job_num, self.ctx.overrides
-        self.command.outcomes.append(outcome)
+        job = self.state
+        outcome.job_num, outcome.overrides = job.ctx.job_num, job.ctx.overrides
+        job.command.outcomes.append(outcome)
 
     def _tags(self, cfg: Config) -> dict[str, str]:
+        job = self.state
         tags = {
             store.PRECISION: cfg.precision.name,
             store.MODEL: cfg.model.name,
             store.DATASET: cfg.dataset.name,
             store.AMPSWEEP_VERSION: ampsweep.__version__,
             **environment.git_state(),
-            **self.command.extra_tags,
+            **job.command.extra_tags,
         }
-        if self.ctx.overrides:
-            tags[store.OVERRIDES] = " ".join(self.ctx.overrides)
-        if self.ctx.output_dir:
-            tags["run_dir"] = str(self.ctx.output_dir.resolve())
-        if self.ctx.job_num is not None:
-            tags[store.JOB_NUM] = str(self.ctx.job_num)
+        if job.ctx.overrides:
+            tags[store.OVERRIDES] = " ".join(job.ctx.overrides)
+        if job.ctx.output_dir:
+            tags["run_dir"] = str(job.ctx.output_dir.resolve())
+        if job.ctx.job_num is not None:
+            tags[store.JOB_NUM] = str(job.ctx.job_num)
         tags[store.HOST], tags[store.PID] = socket.gethostname(), str(os.getpid())
         return {**tags, **environment.target_tags(cfg), **cluster_job_tag()}
+
+
+def record_probe(recorder, setup) -> None:
+    """diagnostics.numerics: the probe's ranges before training, as metrics at step 0,
+    tags and the numerics/probe.json and .md artifacts."""
+    n = setup.cfg.diagnostics.numerics_batches
+    batches = list(itertools.islice(setup.train_batches.epoch(0), n))
+    found = probe(distributed.unwrap(setup.model), batches, setup.objective,
+                  setup.diagnostics.loss_weight, setup.optimizer)  # fmt: skip
+    recorder.log_metrics(found.metrics(), 0)
+    recorder.set_tags(found.tags())
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in found.write(Path(tmp)):
+            recorder.log_artifact(path, "numerics")
