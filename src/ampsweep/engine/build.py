@@ -22,9 +22,9 @@ from ampsweep.engine.fp8 import Conversion, check_fp8, convert_fp8
 from ampsweep.engine.losses import check_loss
 from ampsweep.engine.tasks import Objective, build_objective, default_objective
 from ampsweep.measure.diagnostics import Diagnostics
-from ampsweep.measure.lost_updates import LostUpdates
 from ampsweep.measure.memory import reset_peak_memory
 from ampsweep.measure.numerics import NoLocator, NonfiniteLocator
+from ampsweep.measure.probe import LostUpdates
 from ampsweep.precision import modes
 from ampsweep.precision.policy import PrecisionPolicy, build_policy
 
