@@ -33,9 +33,8 @@ import math
 
 import torch
 
-from ampsweep.measure.origin import Origin
 from ampsweep.measure.probe import HookError
-from ampsweep.measure.replay import from_gradients, replay
+from ampsweep.measure.replay import Origin, from_gradients, replay
 from ampsweep.precision.policy import PrecisionPolicy
 
 
