@@ -85,7 +85,7 @@ from ampsweep.engine import build, data, loop, models  # noqa: E402
 from ampsweep.engine.data.batches import epoch_order  # noqa: E402
 from ampsweep.engine.export import snapshot  # noqa: E402
 from ampsweep.engine.loop import fit  # noqa: E402
-from ampsweep.measure.divergence import NonfiniteWatch  # noqa: E402
+from ampsweep.measure.numerics import NonfiniteWatch  # noqa: E402
 from ampsweep.measure.speed import StepTimer  # noqa: E402
 from ampsweep.precision import policy  # noqa: E402
 from ampsweep.precision.policy import found_inf  # noqa: E402

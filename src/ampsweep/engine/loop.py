@@ -24,8 +24,8 @@ from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.tasks import Objective, default_objective
 from ampsweep.measure import memory, names, speed
-from ampsweep.measure.divergence import NonfiniteWatch
 from ampsweep.measure.memory import SavedTensorMeter, peak_memory
+from ampsweep.measure.numerics import NonfiniteWatch
 from ampsweep.measure.speed import StepTimer
 from ampsweep.precision.policy import PrecisionPolicy, found_inf
 
