@@ -1,11 +1,11 @@
-"""engine/models/convnets: the cnn's depth follows the input unless model.depth is set."""
+"""engine/models/vision: the cnn's depth follows the input unless model.depth is set."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ampsweep.engine.models.convnets import auto_depth
+from ampsweep.engine.models.vision import auto_depth
 
 
 @pytest.mark.parametrize("size,depth", [(8, 2), (16, 2), (28, 3), (32, 3), (64, 4), (224, 6)])
