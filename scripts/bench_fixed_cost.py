@@ -4,7 +4,6 @@
   python scripts/bench_fixed_cost.py            # 5 repetitions, sweeps of 6 jobs (~6 min)
   python scripts/bench_fixed_cost.py --quick    # a dry run: 1 repetition, sweeps of 3 jobs
   python scripts/bench_fixed_cost.py --where    # only: where the seconds of one run go
-  python scripts/bench_fixed_cost.py --startup  # only: what each piece of app/startup.py buys
 
 Measured with model logging, data sets and system metrics on (the defaults), cnn on digits,
 CPU, in a temporary folder with its own SQLite store (created before the timing: a new store's
@@ -33,11 +32,6 @@ schema migrations are a one-off cost, printed as "new store"):
 --where runs one standalone tracked run (in a subprocess, imports included) with a timer
 around each phase of it and prints them in order: imports, the store's start-up, the run's
 records, training, the model's logging (signature, files, upload, linked metrics) and the end.
-
---startup runs the 1-step run (tracked, and with tracking=none) as a process --reps times with
-every piece of ampsweep.cli.startup on, with each one off in turn, and with all of them off, in
-rotating order, and prints for each the median wall and CPU seconds and the median of the paired
-differences from the run with every piece on (what the piece buys).
 
 Wall-clock times are medians over --reps repetitions (best and worst beside them); the load
 average is printed at the start and the end: on a shared machine, trust the paired ratios and
@@ -79,7 +73,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pairs", type=int, default=5, help="standalone pairs (default 5)")
     p.add_argument("--quick", action="store_true", help="dry run: 1 repetition, 3-job sweeps")
     p.add_argument("--where", action="store_true", help="only the phases of one tracked run")
-    p.add_argument("--startup", action="store_true", help="only: each start-up piece on/off")
     p.add_argument("--timeline", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -226,15 +219,12 @@ PHASES = [
     ("ampsweep.engine.export", "snapshot"), ("ampsweep.runner.job", "Job._finish"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_model"),
     ("ampsweep.tracking.logged_model", "log"),
-    ("ampsweep.tracking.modellog", "signature_output"),
+    ("ampsweep.tracking.logged_model", "signature_output"),
     ("ampsweep.engine.export", "ModelSnapshot.predict"),
-    ("ampsweep.engine.export", "ModelSnapshot.save"),
+    ("mlflow.pytorch", "save_model"),
     ("ampsweep.tracking.recorder", "MlflowRecorder._link_metrics"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.end"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.flush"),
-    # Each call into the recorder host (MLflow's own work is done there, out of sight of this
-    # timeline): the first one waits for the host's imports, if they are not done yet.
-    ("ampsweep.tracking.host", "Host.call"),
 ]  # fmt: skip
 
 
@@ -246,7 +236,6 @@ def timeline(argv: list[str]) -> int:
 
     t0 = time.perf_counter()
     from ampsweep.cli import main as cli
-    from ampsweep.cli.startup import Startup
 
     events: list[tuple[float, float, str, str]] = []
 
@@ -268,7 +257,8 @@ def timeline(argv: list[str]) -> int:
         events.append((start - t0, time.perf_counter() - start, name, "MainThread"))
         return result
 
-    phase("imports (startup preload)", lambda: Startup().preload(argv))
+    # What a run imports (torch, Hydra, MLflow), as the command imports it, before the timers
+    phase("imports", lambda: [importlib.import_module(m) for m, _ in PHASES])
     for module, attr in PHASES:
         owner = importlib.import_module(module)
         *path, last = attr.split(".")
@@ -307,57 +297,6 @@ def measure_where(tmp: Path) -> None:
             sys.exit(f"failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
         out = res.stdout
         print(out[out.index("  start") :].rstrip())  # the run's own output left out
-
-
-# ---------------------------------------------------------------- the start-up's pieces
-
-# Each variant of ampsweep.cli.startup.Startup, by the fields it turns off.
-STARTUP_VARIANTS = {
-    "every piece on": {},
-    "collector on while importing": {"collector_off": False},
-    "no gc.freeze": {"freeze": False},
-    "Python's own exit": {"fast_exit": False},
-    "MLflow in the command": {"recorder_host": False},
-    "every piece off": {
-        "collector_off": False,
-        "freeze": False,
-        "fast_exit": False,
-        "recorder_host": False,
-    },
-}
-STARTUP_PROGRAM = (
-    "import sys; from ampsweep.app import cli, startup; "
-    "startup.run(cli.main, sys.argv[1:], startup.Startup(**{fields}))"
-)
-
-
-def measure_startup(args, tmp: Path) -> None:
-    folder = tmp / "startup"
-    folder.mkdir()
-    uri = prepared_store(folder)
-    runs = {
-        "tracked": [f"tracking.uri={uri}", *ONE_STEP],
-        "tracking=none": ["tracking=none", *ONE_STEP],
-    }
-    names = list(STARTUP_VARIANTS)
-    for run, extra in runs.items():
-        wall: dict[str, list[float]] = collections.defaultdict(list)
-        for rep in range(args.reps):
-            order = names[rep % len(names) :] + names[: rep % len(names)]  # rotating
-            for name in order:
-                code = STARTUP_PROGRAM.format(fields=STARTUP_VARIANTS[name])
-                cmd = [sys.executable, "-c", code, "train", *extra]
-                wall[name].append(timed(cmd, folder, f"{run}: {name}"))
-        print(f"\n1-step run, {run}, {args.reps} rounds ({load_line()}):")
-        print(f"{'variant':<30} {'wall':>7} {'CPU':>7} {'wall - on':>10} {'CPU - on':>9}")
-        on = "every piece on"
-        med = statistics.median
-        for name in names:
-            cpu, cpu_on = CPU[f"{run}: {name}"], CPU[f"{run}: {on}"]
-            d_wall = med(w - o for w, o in zip(wall[name], wall[on], strict=True))
-            d_cpu = med(c - o for c, o in zip(cpu, cpu_on, strict=True))
-            print(f"{name:<30} {med(wall[name]):6.2f}s {med(cpu):6.2f}s "
-                  f"{d_wall:+9.2f}s {d_cpu:+8.2f}s")  # fmt: skip
 
 
 def measure_in_process(tmp: Path) -> tuple[float, collections.Counter]:
@@ -422,12 +361,6 @@ def main() -> int:
         return 0
     if args.quick:
         args.reps, args.jobs, args.pairs = 1, 3, 1
-    if args.startup:
-        print(f"at start: {load_line()}")
-        with tempfile.TemporaryDirectory() as tmp:
-            measure_startup(args, Path(tmp))
-        print(f"at end:   {load_line()}")
-        return 0
     print(f"ampsweep fixed-cost benchmark: cnn on digits, CPU, {args.reps} repetition(s), "
           f"sweeps of {args.jobs} one-step jobs; python {sys.version.split()[0]}")  # fmt: skip
     print(f"at start: {load_line()}", flush=True)

@@ -18,8 +18,6 @@ is not timed):
                    with system metrics sampled while it trains (tracking.system_metrics, every
                    tracking.system_metrics_interval s); the data sets are recorded before and
                    the model logged after the timed span (both once per run, not per step).
-                   Through a recorder host, as a single ``ampsweep train`` records
-                   (``tracking.host``); ``--mlflow-here``: from this process, as a sweep does
   runner+loader    the same as "runner" but dataset.preload=false (a DataLoader per epoch)
 
 Every run does the same work: ``--steps`` optimizer steps, then one evaluation of the
@@ -63,7 +61,6 @@ on the overhead, and what to look at first when whole runs show a gap.
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import os
 import platform
@@ -89,8 +86,8 @@ from ampsweep.measure.numerics import NonfiniteWatch  # noqa: E402
 from ampsweep.measure.speed import StepTimer  # noqa: E402
 from ampsweep.precision import policy  # noqa: E402
 from ampsweep.precision.policy import found_inf  # noqa: E402
-from ampsweep.tracking import host, system_metrics  # noqa: E402
 from ampsweep.tracking import store as mlflow_store  # noqa: E402
+from ampsweep.tracking import system_metrics  # noqa: E402
 from ampsweep.tracking.recorder import MlflowRecorder, NullRecorder  # noqa: E402
 
 VARIANTS = ["plain loop", "runner", "runner+mlflow", "runner+loader"]
@@ -120,9 +117,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--interleaved", action="store_true",
                    help="the runner's steps against plain steps on a twin, alternated step by "
                    "step in one run (default here: --steps 1200 --reps 5)")  # fmt: skip
-    p.add_argument("--mlflow-here", action="store_true",
-                   help="record from this process, as a sweep's jobs do (default: through a "
-                   "recorder host, as a single `ampsweep train` does)")  # fmt: skip
     p.add_argument(
         "--quick",
         action="store_true",
@@ -460,17 +454,13 @@ def components(args, mode: str, store: str) -> tuple[float, dict, dict, dict]:
         "metrics of a log step, buffered": buffered,
         "their write into the store, per log step": (time.perf_counter() - start) * 1e6 / logged,
     }
-    key = "bench"  # the sampler's collectors, in this process (a run's are in its host)
-    read = functools.partial(mlflow_store.run_with, recorder.client, "sample_system", key)
-    done = functools.partial(mlflow_store.run_with, recorder.client, "stop_system", key)
-    sampler = system_metrics.SystemMetrics(lambda metrics, n: None, 1.0, read, done)
-    read()  # what its thread sets up first
+    sampler = system_metrics.SystemMetrics(lambda metrics, n: None, 1.0)
+    sampler._monitors = system_metrics.collectors()  # noqa: SLF001 - what its thread sets up first
     every = rec_cfg.tracking.system_metrics_interval
     recording[f"one system-metrics sample (every {every:g} s)"] = per_call_us(
         sampler._sample,  # noqa: SLF001 - what its thread runs every interval
         20,
     )
-    done()
     recorder.end(mlflow_store.FINISHED)
     return step_us, per_step, one_off, recording
 
@@ -527,14 +517,10 @@ def main() -> int:
     if args.device == "cuda" and torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     print(f"at start: {load_line()}")
-    if args.interleaved:  # nothing is recorded: no recorder host
+    if args.interleaved:  # nothing is recorded
         met = report_interleaved(args, lengths, reps_of)
         print(f"at end:   {load_line()}")
         return 0 if met or args.quick else 1
-    if not args.mlflow_here:  # as cli.startup does for a single run: MLflow in its own process
-        preload = ("mlflow", host.FUNCTIONS, "mlflow.store.tracking.sqlalchemy_store")
-        host.serve_this_process(host.Host.start(preload, mlflow_store.local_client))
-    print("recording:", "in this process" if args.mlflow_here else "through a recorder host")
     if args.components:
         with tempfile.TemporaryDirectory() as tmp:
             report_components(args, lengths, f"sqlite:///{Path(tmp) / 'mlflow.db'}")

@@ -1,17 +1,17 @@
 """The ``ampsweep`` command: train, report, reproduce, capacity, doctor, ui.
 
 Kept light at import time: torch and MLflow are imported only by the subcommands that need
-them (a training command's are imported first by ``cli.startup``), so ``--help`` answers at
-once.
+them, so ``--help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ampsweep import __version__, console
-from ampsweep.cli import capacity, doctor, repair, reproduce, startup, ui
+from ampsweep.cli import capacity, doctor, repair, reproduce, ui
 from ampsweep.config.schema import ConfigError
 from ampsweep.precision.modes import BASELINE, MODES
 from ampsweep.report import render, sweeps
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     # `ampsweep -sc query=bash`, with the line typed so far in COMP_LINE
     completion = argv[0].split("=")[0] in ("-sc", "--shell-completion")
     if argv[0] == "train" or completion:
-        # Imported here: cli.train imports the engine (torch), which cli.startup imports
-        # first with the collector off; report, ui and repair never import torch.
+        # Imported here: cli.train imports the engine (torch); report, ui and repair never
+        # import torch.
         from ampsweep.cli.train import cmd_train
 
         return cmd_train(argv if completion else argv[1:])
@@ -166,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``
-    between the start-up and the way out of ``cli.startup``. ``main()`` itself, which the
-    Python API and the tests call in their own process, returns as before."""
-    startup.run(main, sys.argv[1:])
+    """The ``ampsweep`` program (the console script and ``python -m ampsweep``): ``main()``,
+    its return value the exit code."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (e.g. `ampsweep report | head`)
+        # Python's own flush at exit would fail again, with a traceback: point stdout at
+        # nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    sys.exit(code)

@@ -18,10 +18,9 @@ import sys
 import uuid
 from dataclasses import dataclass
 
-# torch is imported in the functions below, not here: app.job imports this module, and
+# torch is imported in the functions below, not here: runner.job imports this module, and
 # `ampsweep train --help` or `--cfg job` (which train nothing) then answer without importing
-# torch, the largest import of all. A training command has it imported already
-# (app.startup's preload).
+# torch, the largest import of all.
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,6 @@ import json
 from collections.abc import Iterable
 from typing import Protocol
 
-from mlflow.entities import Dataset, DatasetInput, InputTag
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
 from ampsweep.tracking import store
 
 CONTEXTS = {"train": store.TRAINING, "val": store.VALIDATION}  # a split's MLflow context
@@ -29,9 +26,25 @@ class DataInput(Protocol):
     targets: tuple[str, tuple[int, ...]]
 
 
-def records(inputs: Iterable[DataInput]) -> list[DatasetInput]:
-    """MLflow's record of each data set: name, digest, source, tensor schema, row count, and
-    its context (training or validation)."""
+def log(client, run_id: str, inputs: list[DataInput]) -> None:
+    """Record the data sets the run saw in the store."""
+    # The jobs of a sweep log the same data sets at once, and MLflow looks for a data set
+    # before inserting it: a job that loses that race gets a unique-constraint error.
+    for attempt in (1, 2, 3):
+        try:
+            client.log_inputs(run_id, datasets=records(inputs))
+            return
+        except Exception as err:
+            if attempt == 3 or not store.lost_a_race(err):
+                raise
+
+
+def records(inputs: Iterable[DataInput]) -> list:
+    """MLflow's record of each data set (``DatasetInput``): name, digest, source, tensor
+    schema, row count, and its context (training or validation)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
     out = []
     for d in inputs:
         schema = {"mlflow_tensorspec": {

@@ -1,8 +1,8 @@
 """What is installed in this Python environment, read once per process and environment.
 
-A logged model pins the versions of what loading it needs (``tracking.modellog``), and a run
+A logged model pins the versions of what loading it needs (``tracking.logged_model``), and a run
 of a ``_target_`` component records the distribution its code came from
-(``app.environment.target_provenance``): the installed distributions that provide its
+(``runner.environment.target_provenance``): the installed distributions that provide its
 top-level package. ``importlib.metadata.packages_distributions`` answers that for every
 package at once, through the path of every file of every distribution (the importlib_metadata
 backport installed beside MLflow stats each one): 0.4-0.7 s here, which a run paid for its

@@ -2,9 +2,8 @@
 
 Everything goes through an explicit ``MlflowClient`` and run id, never MLflow's global
 "active run": Hydra runs the jobs of a sweep in one process, and one job's active run must
-not leak into the next. For a tracked single run that client is the recorder host's
-(``tracking.host``): its calls are made in the process where MLflow is imported, and this
-module sends plain values only (what needs MLflow's classes is ``mlflow_calls``'s).
+not leak into the next. MLflow is imported when a run is first recorded (``store.client_for``),
+so a run with ``tracking=none`` (a ``NullRecorder``) never imports it.
 
 Metrics are buffered and written in batches, asynchronously, every
 ``tracking.metrics_flush_seconds`` (or ``metrics_flush_every`` log calls): a synchronous write
@@ -28,11 +27,10 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ampsweep.config.schema import TrackingConfig
-from ampsweep.tracking import logged_model, store
+from ampsweep.tracking import datasets, journal, logged_model, store
 from ampsweep.tracking.journal import Journal
 from ampsweep.tracking.secrets import mask_text, mask_values, masked_copy, secret_values
 from ampsweep.tracking.system_metrics import SystemMetrics
@@ -160,7 +158,7 @@ class MlflowRecorder:
         return rec
 
     # Params, tags and metrics travel as tuples (the journal's records), made into MLflow's
-    # entities only where they are written (mlflow_calls.write_record, in the recorder host).
+    # entities only where they are written (journal.write).
 
     def log_params(self, params: dict[str, Any]) -> None:
         items = [(k, v[:6000]) for k, v in mask_values(params).items()]
@@ -224,7 +222,7 @@ class MlflowRecorder:
                 return
             for seq, op in self.journal.waiting():
                 try:
-                    store.run_with(self.client, "write_record", self.run_id, op)
+                    journal.write(self.client, self.run_id, op)
                 except Exception as err:
                     known = store.fault(err, self.uri)
                     if known is None:
@@ -267,30 +265,17 @@ class MlflowRecorder:
     def log_inputs(self, inputs: Iterable[DataInput]) -> None:
         """Record the data sets the run saw (``datasets``: metadata and digests, never the
         data)."""
-        # Sent as plain values: the recorder host imports neither torch nor the engine.
-        sent = [SimpleNamespace(**vars(d)) for d in inputs]
-        self._inputs.update((d.split, (d.name, d.digest)) for d in sent)
-        if not sent:
-            return
-        # The jobs of a sweep log the same data sets at once, and MLflow looks for a data set
-        # before inserting it: a job that loses that race gets a unique-constraint error.
-        for attempt in (1, 2, 3):
-            try:
-                store.run_with(self.client, "log_inputs", self.run_id, sent)
-                return
-            except Exception as err:
-                if attempt == 3 or not store.lost_a_race(err):
-                    raise
+        inputs = list(inputs)
+        self._inputs.update((d.split, (d.name, d.digest)) for d in inputs)
+        if inputs:
+            datasets.log(self.client, self.run_id, inputs)
 
     # ------------------------------------------------------------ system metrics
 
     def start_system_metrics(self, interval: float) -> None:
         """Sample the machine's load every ``interval`` seconds until the run stops training."""
         if self._system is None:
-            key = f"{self.run_id}-{time.monotonic_ns()}"
-            read = functools.partial(store.run_with, self.client, "sample_system", key)
-            done = functools.partial(store.run_with, self.client, "stop_system", key)
-            self._system = SystemMetrics(self.log_metrics, interval, read, done, self._system_step)
+            self._system = SystemMetrics(self.log_metrics, interval, self._system_step)
             self._system.start()
 
     def stop_system_metrics(self) -> None:
@@ -321,11 +306,11 @@ class MlflowRecorder:
         self.flush()
         with self._lock:
             final = [point for point in self._latest.values() if point[3] == step]
-        store.run_with(self.client, "link_metrics", self.run_id, model_id, final, self._inputs)
+        logged_model.link_metrics(self.client, self.run_id, model_id, final, self._inputs)
 
     def register_model(self, model_id: str, name: str) -> int:
         """A new version of the registered model ``name`` (created if new); its number."""
-        return store.run_with(self.client, "register_model", self.run_id, model_id, name)
+        return logged_model.register(self.client, self.run_id, model_id, name)
 
     def end(self, status: str, error: str | None = None) -> None:
         """Flush, tag the error if any, and set the final status. Safe to call twice."""

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from ampsweep.config.schema import ConfigError, TrackingConfig
 from ampsweep.errors import FaultError
-from ampsweep.tracking import host
 
 DEFAULT_STORE = Path("outputs") / "mlflow.db"
 MAX_TAG_CHARS = 5000
@@ -60,7 +59,7 @@ def target_tag(section: str, field: str | None = None) -> str:
     return f"{section}.target" + (f".{field}" if field else "")
 
 
-# Where a run happened (app.environment writes them; the report reads them back)
+# Where a run happened (runner.environment writes them; the report reads them back)
 DEVICE, DEVICE_NAME, TORCH_VERSION, CUDA_VERSION = (
     "device", "device_name", "torch_version", "cuda_version",
 )  # fmt: skip
@@ -179,18 +178,6 @@ def is_sqlite_file(path: Path) -> bool:
     return True
 
 
-def holds_mlflow_tables(uri: str) -> bool:
-    """Whether ``uri`` is a SQLite store with MLflow's tables in it already (opening it then
-    creates and migrates nothing)."""
-    path = sqlite_path(uri)
-    if path is None or not path.is_file():
-        return False
-    try:
-        return _ask(path, "SELECT 1 FROM alembic_version") is not None
-    except sqlite3.Error:
-        return False
-
-
 def _ask(path: Path, sql: str):
     """The first row of a read-only query on the SQLite file ``path``.
 
@@ -277,14 +264,7 @@ def prepare(uri: str) -> None:
 
 
 def client_for(uri: str):
-    """An MLflow client for the store at ``uri``: the recorder host's, when this process has
-    one (a tracked ``ampsweep train``: ``tracking.host``), else one of this process."""
-    served = host.serving()
-    return served.client(uri) if served is not None else local_client(uri)
-
-
-def local_client(uri: str):
-    """An ``MlflowClient`` of this process (which then imports MLflow)."""
+    """An ``MlflowClient`` for the store at ``uri``."""
     # Imported here, not at the top: every command imports this module (the parser's help
     # texts), and --help, report's config errors and tracking=none import no MLflow.
     from mlflow import MlflowClient
@@ -297,12 +277,11 @@ def local_client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def run_with(client, name: str, *args, **kwargs):
-    """``tracking.mlflow_calls.<name>(client, *args, **kwargs)``, where ``client``'s MLflow is
-    imported: in the recorder host for a client of the host's, else in this process."""
-    if isinstance(client, host.RemoteClient):
-        return client.run_there(name, *args, **kwargs)
-    return host.run_here(client, name, *args, **kwargs)
+def set_tags(client, run_id: str, items) -> None:
+    """``(key, value)`` pairs as the run's tags, values as strings, in one write."""
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in items])
 
 
 def get_or_create_experiment(client, name: str, artifact_root: str | None) -> str:

@@ -151,7 +151,7 @@ def end_lost_job(info: SweepInfo, job_id: str, status: str, why: str):
     if run is None or run.info.status != store.RUNNING:
         return run
     tags = {store.ERROR: why, store.ENDED_BY: "the sweep's launcher"}
-    store.run_with(client, "set_tags", run.info.run_id, list(tags.items()))
+    store.set_tags(client, run.info.run_id, tags.items())
     client.set_terminated(run.info.run_id, status=status)
     return client.get_run(run.info.run_id)
 
@@ -210,7 +210,7 @@ def conclude(info: SweepInfo, interrupted: bool) -> SweepResult:
     }
     if missing:
         tags["jobs_missing"] = missing
-    store.run_with(client, "set_tags", info.parent_run_id, list(tags.items()))
+    store.set_tags(client, info.parent_run_id, tags.items())
     return SweepResult(status, runs, missing, n_skipped)
 
 

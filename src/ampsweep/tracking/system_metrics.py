@@ -3,7 +3,6 @@ background thread and logged through the run's own recorder (the UI's System met
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 
@@ -12,21 +11,18 @@ from ampsweep.tracking import store
 
 class SystemMetrics:
     """The machine's load, sampled every ``interval`` seconds on a background thread with
-    MLflow's own collectors (``mlflow_calls.sample_system``, in the process where MLflow is
-    imported: the recorder host of a tracked run) and logged as MLflow's ``system/...``
+    MLflow's own collectors (CPU and memory; disk and network; every GPU NVML sees, when
+    ``nvidia-ml-py`` is installed and a driver answers) and logged as MLflow's ``system/...``
     metrics, one step per sample.
 
     Unlike ``mlflow.start_run(log_system_metrics=True)`` it logs through the run's own
     buffered writer (no extra client polling the run), and takes a last sample when stopped,
-    so a run shorter than the interval still has its point. ``read()``: one sample (the first
-    call starts the collectors and returns nothing); ``done()``: the collectors are no longer
-    needed."""
+    so a run shorter than the interval still has its point."""
 
     def __init__(self, log: Callable[[dict[str, float], int], None], interval: float,
-                 read: Callable[[], dict[str, float]], done: Callable[[], None],
                  step: int = 0):  # fmt: skip
         self.log, self.interval, self.step = log, interval, step
-        self.read, self.done = read, done
+        self._monitors: list = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -42,23 +38,48 @@ class SystemMetrics:
         self._thread = None
 
     def _run(self) -> None:
-        try:
-            self._read()  # NVML's start-up and the first CPU count, off the training thread
-            while not self._stop.wait(self.interval):
-                self._sample()
+        try:  # NVML's start-up and the first CPU count, off the training thread
+            self._monitors = collectors()
+        except Exception:  # no reading must end the run
+            self._monitors = []
+        while not self._stop.wait(self.interval):
             self._sample()
-        finally:
-            with contextlib.suppress(Exception):
-                self.done()
-
-    def _read(self) -> dict[str, float]:
-        try:
-            return self.read()
-        except Exception:  # a failed reading must not end sampling, nor the run
-            return {}
+        self._sample()
 
     def _sample(self) -> None:
-        values = self._read()
+        values = read(self._monitors)
         if values:
             self.log({store.SYSTEM_PREFIX + k: v for k, v in values.items()}, self.step)
             self.step += 1
+
+
+def collectors() -> list:
+    """MLflow's collectors available here; the GPU's only where NVML starts."""
+    import psutil
+    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+
+    psutil.cpu_percent()  # the first reading only starts the count
+    monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
+    try:
+        from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor  # needs nvidia-ml-py
+
+        monitors.append(GPUMonitor())  # raises without nvidia-ml-py or without a GPU
+    except Exception:
+        pass
+    return monitors
+
+
+def read(monitors: list) -> dict[str, float]:
+    """One sample of the machine's load from ``monitors``, by MLflow's names."""
+    values: dict[str, float] = {}
+    for monitor in monitors:
+        try:
+            monitor.collect_metrics()
+            values.update(monitor.aggregate_metrics())
+        except Exception:  # noqa: S112 - one failed reading must not end sampling, nor the run
+            continue
+        finally:
+            monitor.clear_metrics()
+    return values

@@ -1,5 +1,7 @@
 """tracking/logged_model.py: the trained model logged as an MLflow model of its run, READY,
-with its final metrics linked, loadable where its module is not, and registered."""
+with its final metrics linked, loadable where its module is not, and registered; its signature
+output from the first rows of its input example, and its requirements pinned from what is
+installed, read once per environment."""
 
 from __future__ import annotations
 
@@ -7,7 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import mlflow.pytorch
+import numpy as np
+import pytest
 import torch
 from mlflow.entities import LoggedModelStatus
 from mlflow.models import Model
@@ -15,6 +21,8 @@ from mlflow.models import Model
 from ampsweep.config.schema import Config, TrackingConfig, validate
 from ampsweep.engine import export
 from ampsweep.engine.data.batches import Batches
+from ampsweep.engine.export import ModelSnapshot
+from ampsweep.tracking import installed, logged_model
 from ampsweep.tracking import store as mlflow_store
 
 
@@ -53,6 +61,23 @@ def test_the_model_is_logged_to_the_runs_experiment_with_its_final_metrics(
     assert [(o.model_id, o.step) for o in outputs] == [(model_id, 7)]
     files = {f.path for f in r.client.list_logged_model_artifacts(model_id)}
     assert {"MLmodel", "requirements.txt", "input_example.json", "data"} <= files
+
+
+def test_the_logged_model_loads_predicts_the_same_and_pins_its_requirements(new_recorder):
+    snapshot = _snapshot()
+    r = new_recorder()
+    model_id = r.log_model(snapshot, 1)
+    r.end(mlflow_store.FINISHED)
+    loaded = mlflow.pytorch.load_model(f"runs:/{r.run_id}/model")
+    x = torch.from_numpy(snapshot.example)
+    with torch.inference_mode():
+        assert torch.equal(loaded(x), snapshot.module(x))
+    location = r.client.get_logged_model(model_id).artifact_location.removeprefix("file://")
+    requirements = (Path(location) / "requirements.txt").read_text().splitlines()
+    pins = logged_model.pinned_requirements(snapshot.packages)
+    assert requirements[0].startswith("mlflow==") and requirements[1:] == pins
+    signature = Model.load(location).signature
+    assert signature.outputs is not None  # from two rows of the example
 
 
 NETS = """
@@ -130,3 +155,79 @@ def test_registering_needs_the_model_logged():
     cfg = Config(tracking=TrackingConfig(log_model=False, register_model="digits-cnn"))
     [problem] = [p for p in validate(cfg) if p.startswith("tracking.register_model")]
     assert "tracking.log_model=false" in problem
+
+
+class Rows(torch.nn.Module):
+    """Counts the rows it sees; squeezes its output like some user models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.rows: list[int] = []
+
+    def forward(self, x):
+        self.rows.append(len(x))
+        return self.fc(x).squeeze()
+
+
+def test_the_signature_output_runs_two_rows_and_keeps_the_batch():
+    net = Rows()
+    output = logged_model.signature_output(ModelSnapshot(net, np.zeros((64, 4), dtype=np.float32)))
+    assert net.rows == [2]  # not a forward over the 64 rows of the example
+    assert output.shape == (2, 3) and output.dtype == np.float32  # the batch stays a batch
+
+
+def test_a_model_that_cannot_run_has_no_signature_output():
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("float8 matmul needs a GPU")
+
+    snapshot = ModelSnapshot(Broken(), np.zeros((8, 4), dtype=np.float32))
+    assert logged_model.signature_output(snapshot) is None
+
+
+def test_requirements_are_read_once_per_environment(monkeypatch):
+    reads = []
+    real = installed.version
+    monkeypatch.setattr(installed, "version", lambda name: reads.append(name) or real(name))
+    logged_model._pins.cache_clear()
+    logged_model._by_value.cache_clear()
+    first = logged_model.pinned_requirements({"torch", "timm", "ampsweep"})
+    assert first[:3] == [f"{n}=={real(n).split('+')[0]}" for n in ("torch", "cloudpickle", "numpy")]
+    count = len(reads)
+    assert count > 0
+    assert logged_model.pinned_requirements({"ampsweep", "timm", "torch"}) == first
+    assert len(reads) == count  # the next job of a sweep, or a rerun: nothing read again
+    # a distribution installed or removed changes its folder's mtime: read again
+    key = installed.environment_key()
+    monkeypatch.setattr(installed, "environment_key", lambda: (*key[:2], ()))
+    assert logged_model.pinned_requirements({"torch", "timm", "ampsweep"}) == first
+    assert len(reads) > count
+
+
+@pytest.mark.parametrize("packages", [set(), {"torch"}, {"torch", "__main__", "builtins"}])
+def test_the_base_requirements_are_always_pinned(packages):
+    names = [r.split("==")[0] for r in logged_model.pinned_requirements(packages)]
+    assert names == ["torch", "cloudpickle", "numpy"]
+    assert logged_model.pickled_by_value(packages) == set()  # a script's classes: cloudpickle's own
+
+
+def test_requirements_are_pinned_from_what_is_installed():
+    reqs = logged_model.pinned_requirements({"torch", "torchvision", "ampsweep", "mynets"})
+    names = [r.split("==")[0] for r in reqs]
+    assert names == ["torch", "cloudpickle", "numpy", "torchvision"]
+    assert all("+" not in r for r in reqs)  # local labels (+cu130) are not on PyPI
+    # ampsweep's and a local module's classes travel inside the pickle instead
+    assert logged_model.pickled_by_value({"torch", "ampsweep", "mynets"}) == {"ampsweep", "mynets"}
+
+
+def test_a_package_named_otherwise_than_its_distribution_is_pinned_by_the_distribution():
+    # sklearn is scikit-learn's, PIL Pillow's, yaml PyYAML's: importable, hence installed,
+    # so their classes travel by reference and loading the model needs the distribution
+    pins = logged_model.pinned_requirements({"torch", "sklearn", "PIL", "yaml"})
+    for package, dist in (("sklearn", "scikit-learn"), ("PIL", "pillow"), ("yaml", "PyYAML")):
+        (pin,) = [p for p in pins if p.split("==")[0].lower() == dist.lower()]
+        assert pin.split("==")[1] == installed.version(dist).split("+")[0], package
+    assert logged_model.pickled_by_value({"torch", "sklearn", "PIL", "yaml", "mynets"}) == {
+        "mynets"
+    }

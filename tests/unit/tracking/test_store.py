@@ -88,17 +88,3 @@ def test_queries(store_uri):
     assert store.finished_twin(client, "no such experiment", "abc") is None
     running = store.running_children(client, parent)
     assert sorted(r.info.run_id for r in running) == sorted(k.info.run_id for k in kids)
-
-
-def test_only_a_store_with_mlflows_tables_is_opened_ahead_of_the_command(tmp_path, store_uri):
-    """What the recorder host opens before the command asks: an existing MLflow store, never a
-    file it would have to create tables in (store.prepare does that, under its lock)."""
-    import sqlite3
-
-    assert store.holds_mlflow_tables(store_uri)
-    other = tmp_path / "other.db"
-    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.close()
-    (tmp_path / "text.db").write_text("not a database")
-    for uri in (f"sqlite:///{other}", f"sqlite:///{tmp_path / 'text.db'}",
-                f"sqlite:///{tmp_path / 'absent.db'}", "http://127.0.0.1:5000"):  # fmt: skip
-        assert not store.holds_mlflow_tables(uri), uri
