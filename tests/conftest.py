@@ -313,7 +313,7 @@ def sweep_jobs(*args: str) -> tuple[int, list]:
     sweeper (ampsweep's, or the one ARGS names) composes the jobs and hands each batch to the
     command's checks, here one that types them and stops the sweep. The exit code (2 when
     Hydra or the sweeper refused the command) and the typed jobs, in their order."""
-    from ampsweep.launch import command_line, hydra_app
+    from ampsweep.launch import hydra_app
     from ampsweep.runner import plan
     from ampsweep.runner.job import CommandContext
 
@@ -324,7 +324,7 @@ def sweep_jobs(*args: str) -> tuple[int, list]:
         raise plan.Refused(0)
 
     command = CommandContext(check_batch=stop)
-    return hydra_app.run_hydra(command_line.hydra_args(["-m", *args]), command), jobs
+    return hydra_app.run_hydra(hydra_app.hydra_args(["-m", *args]), command), jobs
 
 
 def resumable(checkpoint_dir: Path, *extra: str) -> list[str]:

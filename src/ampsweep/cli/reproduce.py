@@ -29,7 +29,8 @@ from pathlib import Path
 from ampsweep import console
 from ampsweep.cli import trust
 from ampsweep.config.schema import ConfigError
-from ampsweep.launch import scoped_env
+from ampsweep.config.score import from_tags
+from ampsweep.launch.hydra_app import setenv
 from ampsweep.precision.modes import DERIVED_PRECISION
 from ampsweep.tracking import store
 
@@ -106,7 +107,7 @@ def fetch(run_id: str, overrides: list[str]):
     with tempfile.TemporaryDirectory() as tmp:
         try:
             # one small file: MLflow's progress bar would only be noise
-            with scoped_env.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"):
+            with setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"):
                 path = client.download_artifacts(run_id, "config.yaml", tmp)
         except Exception:
             raise ConfigError(
@@ -283,6 +284,29 @@ def print_comparison(uri: str, original: str, new: str) -> None:
         diff = f"{y - x:+.6g}" if x is not None and y is not None else "-"
         table.add_row(key, _fmt(x), _fmt(y), diff)
     console.console.print(table)
+    held = score_held(uri, original, new)
+    if held:
+        console.console.print(held)
+
+
+def score_held(uri: str, original: str, new: str) -> str:
+    """Whether the reproduction's score held against the original's, judged by the score the
+    original run recorded (its task's: direction and tolerance); "" without one."""
+    client = store.client_for(uri)
+    a, b = client.get_run(original).data, client.get_run(new).data
+    judge = from_tags(a.tags, a.metrics)
+    if judge is None or judge.name not in a.metrics or judge.name not in b.metrics:
+        return ""
+    x, y = a.metrics[judge.name], b.metrics[judge.name]
+    change = judge.change(y, x)
+    if change is None:
+        return ""
+    verdict = judge.verdict(change)
+    word = {"held": "held", "better": judge.better_word, "worse": judge.worse_word}[verdict]
+    return (
+        f"{judge.title} {word}: {judge.show(y)} vs the original's {judge.show(x)} "
+        f"({judge.show_change(change)}; {judge.within()} counts as held)"
+    )
 
 
 def _fmt(value: float | None) -> str:

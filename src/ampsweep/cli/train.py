@@ -27,9 +27,16 @@ from ampsweep.config.compose import config_dir, saved_config_overrides
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import data, distributed
 from ampsweep.errors import FaultError
-from ampsweep.launch import scoped_env, slurm, sweep
-from ampsweep.launch.command_line import hydra_args, informational
-from ampsweep.launch.hydra_app import SingleRun, composed_run, config_of, run_hydra
+from ampsweep.launch import slurm, sweep
+from ampsweep.launch.hydra_app import (
+    SingleRun,
+    composed_run,
+    config_of,
+    hydra_args,
+    informational,
+    run_hydra,
+    setenv,
+)
 from ampsweep.runner import estimate, plan
 from ampsweep.runner.context import EXIT_KILLED, CommandContext
 from ampsweep.runner.plan import PlannedJob
@@ -140,7 +147,7 @@ def _run_single(
             return code
         try:
             tags = json.dumps(command.extra_tags) if command.extra_tags else None
-            with scoped_env.setenv(RANK_TAGS_ENV, tags):
+            with setenv(RANK_TAGS_ENV, tags):
                 failure = distributed.launch(args, nproc)  # each worker runs this command again
         except distributed.LaunchError as err:
             console.error(str(err))

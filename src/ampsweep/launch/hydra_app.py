@@ -1,5 +1,5 @@
-"""Handing a command line to Hydra: read by Hydra's own parser, run as ``hydra.main`` runs an
-app (its help, the config, shell completion), a single run composed once (``composed_run``:
+"""Handing a command line to Hydra: read by Hydra's own parser (``hydra_args``), run as
+``hydra.main`` runs an app (its help, the config, shell completion), a single run composed once (``composed_run``:
 the command plans the composed config, then Hydra runs it), and a sweep through Hydra's
 multirun with its errors (a malformed sweep, an unknown sweeper or launcher) and the sweep's
 refusal as one line each, exit 2.
@@ -19,10 +19,11 @@ from pathlib import Path
 
 from hydra import version
 
-# Private: Hydra has no public way to run multirun with a task function and get its errors
-# back, to run an app on a config it composed already (Hydra.run composes its own), or to
-# read its command line (hydra.main parses sys.argv itself); checked on hydra-core 1.3.8,
-# tests/unit/launch/test_hydra_app.py fails if any of these moves.
+# Private, and the only private Hydra names in ampsweep: Hydra has no public way to run
+# multirun with a task function and get its errors back, to run an app on a config it composed
+# already (Hydra.run composes its own), or to read an app's command line (hydra.main parses
+# sys.argv itself). Checked on hydra-core 1.3.8; tests/unit/launch/test_hydra_app.py fails if
+# any of these moves.
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import _run_hydra as run_hydra_app
@@ -38,11 +39,42 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ampsweep import console
 from ampsweep.config import messages
-from ampsweep.config.compose import composition_error, config_dir, search_entry, searchpath_of
+from ampsweep.config.compose import (
+    composition_error,
+    config_dir,
+    normalise_overrides,
+    search_entry,
+    searchpath_of,
+)
 from ampsweep.config.schema import ConfigError, register_configs
-from ampsweep.launch import launcher, scoped_env
+from ampsweep.launch import launcher
+from ampsweep.launch.sweeper import check_sweep
 from ampsweep.runner import plan
 from ampsweep.runner.job import CommandContext, TaskFunction
+
+
+def hydra_args(args: list[str]) -> argparse.Namespace:
+    """The command line as Hydra's own parser reads it (its flags, -m, the overrides), the
+    config folders made absolute (Hydra reads a relative one relative to the module that calls
+    it, inside ampsweep, not the folder the user is in) and each ``<section>.args.<key>=v``
+    made Hydra's add-or-set."""
+    parser = get_args_parser()
+    parser.prog = "ampsweep train"  # a bad flag: argparse's usage line and exit 2
+    parsed = parser.parse_intermixed_args(args)  # overrides before and after the flags
+    for key in ("config_path", "config_dir"):
+        if getattr(parsed, key):
+            setattr(parsed, key, str(Path(getattr(parsed, key)).expanduser().resolve()))
+    parsed.overrides = normalise_overrides(parsed.overrides)
+    return parsed
+
+
+def informational(parsed: argparse.Namespace | None) -> bool:
+    """Hydra prints something (help, the config, completion) and trains nothing (None: a
+    command line Hydra's parser refused)."""
+    return parsed is None or bool(
+        parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion
+        or parsed.experimental_rerun
+    )  # fmt: skip
 
 
 def run_hydra(
@@ -87,7 +119,7 @@ def _complete(parsed: argparse.Namespace, task: TaskFunction) -> int:
         line = re.sub(r"^\s*\S+\s+train\b", "ampsweep", line)
     argv0, sys.argv[0] = sys.argv[0], "ampsweep"
     try:
-        with scoped_env.setenv("COMP_LINE", line):
+        with setenv("COMP_LINE", line):
             run_hydra_app(
                 args=parsed, args_parser=get_args_parser(), task_function=task,
                 config_path=str(config_dir()), config_name="config",
@@ -108,7 +140,10 @@ def _multirun(parsed: argparse.Namespace, task: TaskFunction) -> int:
     try:
         # (hydra.mode: what hydra.main adds for -m, each job's HydraConfig says MULTIRUN)
         overrides = [*parsed.overrides, "hydra.mode=MULTIRUN"]
-        hydra.multirun(config_of(parsed)[1], task, overrides)
+        name = config_of(parsed)[1]
+        # The sweep checked first: a sweep its sweeper would refuse leaves nothing behind.
+        check_sweep(hydra.compose_config(name, overrides, RunMode.MULTIRUN), hydra.config_loader)
+        hydra.multirun(name, task, overrides)
     except plan.Refused as refused:
         return refused.code
     except ConfigError as err:
@@ -214,3 +249,20 @@ def hydra_error(err: Exception, parsed: argparse.Namespace, loader) -> str:
 
 def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt("SIGTERM")
+
+
+@contextlib.contextmanager
+def setenv(key: str, value: str | None):
+    """``key=value`` inside the block (``None``: leave ``key`` as it is)."""
+    if value is None:
+        yield
+        return
+    saved = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved

@@ -13,8 +13,8 @@ without accounting (no slurmdbd) too, and a job squeue no longer lists has ended
 
 Importing this module costs nothing (no torch, no MLflow, no Hydra): it runs inside every job
 (the requeue signal) and while a sweep waits. ``check_sweep`` imports Hydra's compose and
-OmegaConf when called. What a partition offers, read from sinfo: ``launch.sinfo``; whether the
-jobs see the files they share: ``launch.shared_fs``.
+OmegaConf when called. What a partition offers and whether the jobs see the files they
+share: ``launch.cluster``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from pathlib import Path
 
 from ampsweep.config.schema import ConfigError, Tracker
 from ampsweep.engine.confighash import root_of
-from ampsweep.launch.shared_fs import check_shared
-from ampsweep.launch.sinfo import SINFO_FORMAT, Partition, parse_sinfo
+from ampsweep.launch.cluster import SINFO_FORMAT, Partition, check_shared, parse_sinfo
 from ampsweep.tracking import store
 
 COMMANDS = ("sbatch", "sinfo", "squeue", "scancel")

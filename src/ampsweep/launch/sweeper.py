@@ -34,17 +34,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, ValueType
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
-from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ampsweep.config.schema import ConfigError
+from ampsweep.config.sweeps import sweep_values
 from ampsweep.launch.sweep import claim_dir
 
 PLUGIN_MODULE = "hydra_plugins.ampsweep_launcher.sweeper"
@@ -60,8 +61,7 @@ class AmpsweepSweeper(Sweeper):
 
     def __init__(self, max_batch_size: int | None = None, params: dict | None = None) -> None:
         super().__init__()
-        self.max_batch_size = max_batch_size
-        self.params = dict(params or {})
+        self.max_batch_size = max_batch_size  # (params: read with the sweep, by listed_jobs)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -72,11 +72,7 @@ class AmpsweepSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
-        # In Hydra's order: the sweep params (an experiment file's) before the command's.
-        given = [*(f"{k}={v}" for k, v in self.params.items()), *arguments]
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        overrides = with_repeats(parser.parse_overrides(given), self.config, parser)
-        jobs = seed_major_jobs(overrides)
+        jobs = listed_jobs(self.config, self.hydra_context.config_loader, arguments)
         planned = Path(str(self.config.hydra.sweep.dir)).resolve()
         made = [f for f in (planned, *planned.parents) if not f.exists()]  # what this sweep adds
         sweep_dir = self._claim_sweep_dir()
@@ -202,6 +198,99 @@ def launch_checked(
     return launcher.launch(batch, initial_job_idx=start)
 
 
+def check_sweep(cfg: DictConfig, loader: ConfigLoader) -> None:
+    """The multirun of ``cfg`` checked before its sweeper starts, for any sweeper: a sweep
+    that has no job, or that the sweeper would refuse only once it runs (as a traceback, after
+    making its sweep dir), is refused here with one line, before anything exists. Raises
+    ConfigError."""
+    sweeper = cfg.hydra.sweeper
+    target = str(sweeper.get("_target_", ""))
+    arguments = list(cfg.hydra.overrides.task)
+    if target == f"{PLUGIN_MODULE}.AmpsweepSweeper":
+        listed_jobs(cfg, loader, arguments)
+        return
+    parser = OverridesParser.create(config_loader=loader)
+    overrides = parser.parse_overrides([*_params(cfg), *arguments])
+    if "optuna" in target:
+        _check_search(overrides, sweeper)
+        return
+    for o in overrides:  # Hydra's basic sweeper, or another one
+        if o.is_interval_sweep():
+            _check_interval(o)
+        else:
+            sweep_values(o)
+
+
+def listed_jobs(cfg: DictConfig, loader: ConfigLoader, arguments: list[str]) -> list[list[str]]:
+    """The jobs of ampsweep's sweeper (its settings under ``hydra.sweeper`` of ``cfg``) for
+    the command's sweep ``arguments``, seed-major. Raises ConfigError."""
+    size = cfg.hydra.sweeper.get("max_batch_size")
+    if size is not None and size < 1:
+        raise ConfigError(
+            f"hydra.sweeper.max_batch_size={size}: the jobs composed and checked at a time: "
+            "give 1 or more, or null for all of them at once"
+        )
+    parser = OverridesParser.create(config_loader=loader)
+    overrides = parser.parse_overrides([*_params(cfg), *arguments])
+    return seed_major_jobs(with_repeats(overrides, cfg, parser))
+
+
+def _params(cfg: DictConfig) -> list[str]:
+    """The sweeper's own params (an experiment file's sweep) as overrides: in Hydra's order,
+    they come before the command's."""
+    return [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
+
+
+def _check_search(overrides: list[Override], sweeper: DictConfig) -> None:
+    """What optuna's sweeper would refuse with a traceback (or, for n_jobs=0, never end)."""
+    for name, least in (("n_trials", "at least one trial"), ("n_jobs", "at least one at a time")):
+        n = sweeper.get(name)
+        if n is not None and n < 1:
+            raise ConfigError(
+                f"hydra.sweeper.{name}={n}: a search runs {least}: give 1 or more, e.g. "
+                f"hydra.sweeper.{name}={20 if name == 'n_trials' else 1}"
+            )
+    rate = sweeper.get("max_failure_rate")
+    if rate is not None and not 0 <= rate <= 1:
+        raise ConfigError(
+            f"hydra.sweeper.max_failure_rate={rate}: the share of trials that may fail, from 0 "
+            "to 1, e.g. hydra.sweeper.max_failure_rate=0.5"
+        )
+    for o in overrides:
+        if o.value_type == ValueType.GLOB_CHOICE_SWEEP:
+            options = ",".join(v.split("=", 1)[1] for v in sweep_values(o))
+            raise ConfigError(
+                f"{o.input_line}: hydra/sweeper=optuna searches choice(), range() and "
+                f"interval(), not glob(): list the options, e.g. {o.get_key_element()}="
+                f"choice({options})"
+            )
+        if o.is_interval_sweep():
+            _check_interval(o)
+        elif o.is_range_sweep() and not o.value().shuffle and o.value().step < 0:
+            r = o.value()
+            raise ConfigError(
+                f"{o.input_line}: a search's range() counts up: write "
+                f"range({r.stop},{r.start},{-r.step})"
+            )
+        else:
+            sweep_values(o)
+
+
+def _check_interval(o: Override) -> None:
+    """An ``interval(low,high)`` runs up; a log one from above 0."""
+    r = o.value()
+    if r.start > r.end:
+        raise ConfigError(
+            f"{o.input_line}: an interval runs from its low end to its high end: write "
+            f"interval({r.end:g},{r.start:g})"
+        )
+    if "log" in r.tags and r.start <= 0:
+        raise ConfigError(
+            f"{o.input_line}: a log interval needs a low end above 0, e.g. "
+            f"tag(log,interval({r.end / 1000:g},{r.end:g}))"
+        )
+
+
 def seed_major_jobs(overrides: list[Override]) -> list[list[str]]:
     """The jobs of the basic sweeper (the product of every override's values; a key given
     twice counts once, with its last value, as in Hydra's own), with the seed's sweep as the
@@ -209,16 +298,12 @@ def seed_major_jobs(overrides: list[Override]) -> list[list[str]]:
     axes: dict[str, list[str]] = {}
     for o in overrides:
         key = o.get_key_element()
-        if not o.is_sweep_override():
-            axes[key] = [f"{key}={o.get_value_element_as_str()}"]
-        elif o.is_discrete_sweep():
-            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-        else:
-            raise HydraException(
+        if o.is_interval_sweep():
+            raise ConfigError(
                 f"{o.input_line}: hydra/sweeper=ampsweep takes lists, range() and choice() (and "
-                f"glob()); {o.value_type.name.lower().replace('_', ' ')}s are for a search: use "
-                "hydra/sweeper=optuna"
+                "glob()); interval sweeps are for a search: use hydra/sweeper=optuna"
             )
+        axes[key] = sweep_values(o)
     keys = list(axes)
     order = seed_major(keys)
     combos = itertools.product(*(axes[keys[i]] for i in order))

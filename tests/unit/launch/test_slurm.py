@@ -11,7 +11,8 @@ import signal
 import pytest
 
 from ampsweep.config.schema import ConfigError
-from ampsweep.launch import sinfo, slurm
+from ampsweep.launch import slurm
+from ampsweep.launch.cluster import parse_sinfo
 from ampsweep.runner import job, signals
 from ampsweep.runner.signals import StopRequest
 
@@ -29,7 +30,7 @@ debug|c1|c1.cluster|10.0.0.11|64|(null)|257000|30:00
 def cluster(monkeypatch):
     """The cluster of SINFO, with SLURM's commands present."""
     monkeypatch.setattr(slurm, "missing_commands", lambda: [])
-    monkeypatch.setattr(slurm, "partitions", lambda: sinfo.parse_sinfo(SINFO))
+    monkeypatch.setattr(slurm, "partitions", lambda: parse_sinfo(SINFO))
 
 
 NPROC = frozenset({"tasks_per_node", "gpus_per_node"})
@@ -91,7 +92,7 @@ def test_a_sweep_over_process_counts_is_refused(cluster):
 
 def test_no_default_partition_and_a_silent_controller(monkeypatch):
     monkeypatch.setattr(slurm, "missing_commands", lambda: [])
-    monkeypatch.setattr(slurm, "partitions", lambda: sinfo.parse_sinfo(SINFO.replace("*", "")))
+    monkeypatch.setattr(slurm, "partitions", lambda: parse_sinfo(SINFO.replace("*", "")))
     with pytest.raises(ConfigError, match=r"partition=null: this cluster has no default"):
         _check()
 
