@@ -19,7 +19,7 @@ from ampsweep.config.schema import Config, ConfigError, Device, Tracker
 from ampsweep.engine import components, data, distributed, fingerprint, models, optim, sharded
 from ampsweep.engine.data.batches import Augment, Batches
 from ampsweep.engine.fp8 import Conversion, check_fp8, convert_fp8
-from ampsweep.engine.losses import check_loss
+from ampsweep.engine.optim import check_loss
 from ampsweep.engine.tasks import Objective, build_objective, default_objective
 from ampsweep.measure.diagnostics import Diagnostics
 from ampsweep.measure.memory import reset_peak_memory

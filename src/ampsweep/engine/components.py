@@ -17,9 +17,8 @@ from dataclasses import replace
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import callbacks
 from ampsweep.engine.data import DATASETS
-from ampsweep.engine.losses import LOSSES
 from ampsweep.engine.models import MODELS
-from ampsweep.engine.optim import OPTIMIZERS
+from ampsweep.engine.optim import LOSSES, OPTIMIZERS
 from ampsweep.engine.registry import Builder
 from ampsweep.engine.tasks import TASKS, task_of
 

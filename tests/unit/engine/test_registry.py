@@ -11,8 +11,8 @@ from torch import nn
 
 from ampsweep.config.schema import ConfigError, ModelConfig
 from ampsweep.engine import components
-from ampsweep.engine.losses import LOSSES, build_loss
 from ampsweep.engine.models import MODELS, build_model
+from ampsweep.engine.optim import LOSSES, build_loss
 from ampsweep.engine.registry import import_target
 
 HERE = __name__  # this module, importable by name: its functions serve as targets
