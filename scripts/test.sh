@@ -18,8 +18,10 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
 
 # Python caches the bytecode of the checkout's modules (src/, tests/) under __pycache__/
-# (git-ignored), even where the environment says not to (PYTHONDONTWRITEBYTECODE): each of the
-# few hundred ampsweep processes the suite starts would otherwise compile them again.
+# (git-ignored), even where the environment says not to (PYTHONDONTWRITEBYTECODE): each
+# ampsweep process the suite starts would otherwise compile them again. Most commands run in
+# the test's own process; a test starts a real `python -m ampsweep` where the process boundary
+# is what it tests (signals, a kill and resume, DDP ranks, SLURM jobs, servers, start-up).
 unset PYTHONDONTWRITEBYTECODE
 
 stamp="$(mktemp)"

@@ -107,39 +107,6 @@ class RecordImports(Callback):
             self.done = True
 
 
-class RecordProcess(Callback):
-    """Write what this process was started with to ``path`` (JSON), after its first step: its
-    folder, argv, ``sys.path``, the variable ``variable`` and its standard input, as a command
-    sees them."""
-
-    def __init__(self, path: str, variable: str):
-        self.path, self.variable, self.done = Path(path), variable, False
-
-    def after_step(self, state) -> None:
-        if not self.done:
-            seen = {
-                "cwd": os.getcwd(),
-                "argv": sys.argv,
-                "path": sys.path,
-                "variable": os.environ.get(self.variable),
-                "stdin": sys.stdin.read(),
-            }
-            self.path.write_text(json.dumps(seen))
-            self.done = True
-
-
-class RecordPid(Callback):
-    """Write this process's pid to ``path`` after its first step: the process that trains."""
-
-    def __init__(self, path: str):
-        self.path, self.done = Path(path), False
-
-    def after_step(self, state) -> None:
-        if not self.done:
-            self.path.write_text(str(os.getpid()))
-            self.done = True
-
-
 class NoHooks:
     """A class without the hooks ``fit`` calls."""
 

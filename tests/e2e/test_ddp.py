@@ -146,8 +146,7 @@ def test_every_rank_of_a_ddp_run_keeps_the_named_modules_in_fp32(tmp_path, store
     args = ["train", *EXACT, "precision=bf16", "precision.keep_fp32=[1]", "trainer.nproc=2",
             "trainer.batch_size=16", record, f"tracking.uri={store_uri}"]  # fmt: skip
     args.remove("precision=fp32")
-    # real: the ranks are fresh interpreters (a warm command's are forked warm, with its imports)
-    proc = run_cli(args, tmp_path, env=callback_env({"OMP_NUM_THREADS": "1"}), real=True)
+    proc = run_cli(args, tmp_path, env=callback_env({"OMP_NUM_THREADS": "1"}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in seen.read_text().splitlines()]
     assert {r["rank"] for r in records} == {0, 1}

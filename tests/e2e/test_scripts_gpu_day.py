@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tarfile
 
 import pytest
-from conftest import REPO, WARM, all_runs, cli_env
-from warm_python import WarmPython
+from conftest import REPO, all_runs, cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -32,14 +32,12 @@ HEADLINES = [
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """``AMPSWEEP_DRYRUN=1 scripts/gpu_day.sh`` with OUT in a temporary folder, run once. Its
-    ``-m ampsweep`` commands are forked warm (``warm_python``: PYTHON, which the scripts run
-    every command with), the rest run as written."""
+    """``AMPSWEEP_DRYRUN=1 scripts/gpu_day.sh`` with OUT in a temporary folder, run once,
+    with this interpreter as PYTHON (which the scripts run every command with)."""
     out = tmp_path_factory.mktemp("gpu_day_out")
-    with WarmPython(WARM) as python:
-        env = cli_env({"AMPSWEEP_DRYRUN": "1", "OUT": str(out), "PYTHON": str(python.path)})
-        proc = subprocess.run([str(REPO / "scripts" / "gpu_day.sh")], cwd=out.parent, env=env,
-                              capture_output=True, text=True, timeout=400)  # fmt: skip
+    env = cli_env({"AMPSWEEP_DRYRUN": "1", "OUT": str(out), "PYTHON": sys.executable})
+    proc = subprocess.run([str(REPO / "scripts" / "gpu_day.sh")], cwd=out.parent, env=env,
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return out, proc.stdout
 
