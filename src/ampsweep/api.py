@@ -13,10 +13,11 @@ import contextlib
 import io
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ampsweep.config.schema import ConfigError
+from ampsweep.config.score import Score, of_metrics
 from ampsweep.report.model import Recommendation
 from ampsweep.runner.context import CommandContext, JobOutcome
 from ampsweep.tracking import store
@@ -59,6 +60,17 @@ class TrainResult:
         points = self.history.get(metric, [])
         return [s for s, _ in points], [v for _, v in points]
 
+    @property
+    def score(self) -> Score | None:
+        """The task's score and how it is judged (with the run's ``task.tolerance``): its value
+        is ``summary[r.score.name]``; ``r.score.held(r.summary[...], other.summary[...])``
+        says whether it held against another run's. None for a score the run did not log."""
+        found = of_metrics(self.summary)
+        tolerance = self.config.get("task", {}).get("tolerance")
+        if found is None or tolerance is None:
+            return found
+        return replace(found, tolerance=float(tolerance))
+
 
 @dataclass
 class SweepResult:
@@ -67,7 +79,8 @@ class SweepResult:
     Attributes:
         parent_run_id: the sweep's MLflow parent run, which holds the report and the charts.
         rows: one ``report.model.Row`` per child run, compared with the baseline mode
-            (``precision``, ``val_acc``, ``speedup``, ``status``, ...).
+            (``precision``, ``val_acc``, ``speedup``, ``status``, ...; ``score``: the task's
+            score each is judged by, ``quality`` its value).
         findings: the report's findings, one plain sentence each.
         runs: the jobs that finished in this call (skipped jobs' runs are in ``rows``).
         recommendation: the mode to use and why, with its command, or the open question and

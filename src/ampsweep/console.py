@@ -22,6 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ampsweep.config import score
 from ampsweep.tracking.secrets import MaskedStream
 
 PIPED_WIDTH = 100  # tables in a log file: rich would assume 80 columns
@@ -124,11 +125,13 @@ def print_summary(title: str, summary: dict, where: str | None) -> None:
     table.add_column(style="bold")
     table.add_column()
     rows = []
-    if "val/acc" in summary:
-        rows.append(("validation accuracy", _fmt(summary["val/acc"])))
-    if "val/perplexity" in summary:  # a language model: beside the floor of the same text
-        rows.append(("validation perplexity", _fmt(summary["val/perplexity"], ".3f")))
-        if "data/unigram_perplexity" in summary:
+    for key in (k for k in summary if k.startswith("val/") and k != "val/loss"):  # the score
+        known = score.KNOWN.get(key)
+        label = known.label if known else key.split("/", 1)[1]
+        spec = ".4f" if key == score.ACCURACY.name else ".3f"
+        rows.append((f"validation {label}", _fmt(summary[key], spec)))
+        if key == score.PERPLEXITY.name and "data/unigram_perplexity" in summary:
+            # a language model: beside the floor of the same text
             rows.append(("unigram baseline", _fmt(summary["data/unigram_perplexity"], ".3f")))
     rows += [
         ("validation loss", _fmt(summary.get("val/loss"))),

@@ -7,9 +7,9 @@ precision mode fails on a model, say where and why, write the fix as config, and
    updates a pure half-precision model would round away.
 2. **Trials**: the configuration trained (untracked, as configured: ``trainer.max_steps`` sets
    the length) in fp32 and in each mode, each with the non-finite locator
-   (``measure.numerics``): where a mode's first inf/NaN began, and whether its accuracy (or
-   perplexity) held against fp32's.
-3. **Prescriptions**, one per mode that failed or lost accuracy: ``precision.keep_fp32`` for a
+   (``measure.numerics``): where a mode's first inf/NaN began, and whether its score (the
+   task's: accuracy, perplexity) held against fp32's.
+3. **Prescriptions**, one per mode that failed or lost quality: ``precision.keep_fp32`` for a
    module that overflows or whose half-precision kernel fails (tried again, adding modules
    until the trial is finite, at most ``ROUNDS`` times), a loss scale for fp16 that flushes
    gradients, the autocast mode for a pure one. Each is written as a precision option
@@ -17,7 +17,8 @@ precision mode fails on a model, say where and why, write the fix as config, and
    (``experiment/doctor.yaml``) under the user's ``--config-dir`` (else outputs/doctor/conf).
 4. ``--verify``: that experiment launched as one sweep (fp32, each failing mode and each
    prescription: a parent run with its children, and the report), then a verdict for each
-   prescription: fixed (finite, accuracy within fp32's tolerance) or not, and its speed.
+   prescription: fixed (finite, its score within the task's tolerance of fp32's) or not, and
+   its speed.
 
 What a trial found and the prescription's verdict: ``cli.prescription``. ``cli.main`` imports
 this module to build every command's parser, so what only the doctor needs (Hydra's compose,
@@ -54,7 +55,7 @@ def add_parser(sub) -> None:
         help="find where a precision mode fails on this model and prescribe the fix",
         description="Probe every module's value ranges at fp32, train the configuration in "
         "each precision mode with the non-finite locator, and prescribe a config for each mode "
-        "that failed or lost accuracy (written as an experiment); --verify runs fp32, the "
+        "that failed or lost quality (written as an experiment); --verify runs fp32, the "
         "failing modes and the prescriptions as one sweep and says whether each fixed it.",
     )
     p.add_argument("--modes", help="modes to examine, comma-separated (default: the "
@@ -151,7 +152,7 @@ class Doctor:
         rx = [p for m, t in trials.items() if (p := self.prescribe(m, t, base, found))]
         self._say_safe(trials, base, found)
         if not rx:
-            say("No mode failed or lost accuracy: nothing to prescribe.")
+            say(f"No mode failed or lost {base.metric.label}: nothing to prescribe.")
             return 0
         say("prescriptions:", bold="")
         for p in rx:
@@ -214,7 +215,7 @@ class Doctor:
         """Train the configuration with ``precision`` overrides, untracked."""
         from ampsweep.engine.build import build
         from ampsweep.engine.loop import fit
-        from ampsweep.measure.divergence import Diverged
+        from ampsweep.measure.numerics import Diverged
 
         t = Trial(mode, precision)
         setup = build(self._load(precision))  # a refusal is the command's: one line, exit 2
@@ -225,8 +226,8 @@ class Doctor:
         except Exception as err:
             t.status, t.error, summary = "failed", store.one_line(err), {}
         t.origin, t.nonfinite = setup.locator.origin, setup.locator.nonfinite_steps
-        t.metric = "val/perplexity" if "val/perplexity" in summary else "val/acc"
-        score = summary.get(t.metric)
+        t.metric = setup.objective.task.score
+        score = summary.get(t.metric.name)
         t.score = score if isinstance(score, float) and math.isfinite(score) else None
         t.steps = int(summary.get("train/steps", 0))
         t.skipped = float(summary.get("amp/skipped_steps", 0.0))
@@ -380,7 +381,8 @@ class Doctor:
         say(" (the sweep's own runs, against its fp32 run):", bold="verdict")
         fixed_all = True
         for p in rx:
-            fixed, words = verdict(runs.get(p.option), runs.get(p.mode), base)
+            judge = p.trial.metric if p.trial is not None else None  # the task's score
+            fixed, words = verdict(runs.get(p.option), runs.get(p.mode), base, judge)
             fixed_all &= fixed
             say(f"  {p.option} ({' '.join(p.overrides)}): {words}")
         return 0 if fixed_all else 1

@@ -64,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--target",
         type=float,
-        help="the quality whose time to reach the report measures, in the runs' own metric "
-        "(validation accuracy, or perplexity for a language model), e.g. 0.95; default: within "
-        "0.5 points of the baseline's final accuracy, or 2%% of its final perplexity",
+        help="the quality whose time to reach the report measures, in the unit of the runs' "
+        "score (their task's: validation accuracy, perplexity for a language model), e.g. "
+        "0.95; default: as near the baseline's final score as the score says (0.5 points of "
+        "its accuracy, 2%% of its perplexity)",
     )
     rep.add_argument("--tracking-uri", help=store_help)
     rep.set_defaults(func=cmd_report)

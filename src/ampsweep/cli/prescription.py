@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ampsweep.config.score import ACCURACY, Score, of_metrics
 from ampsweep.measure.names import NONFINITE_STEPS
-from ampsweep.report.criteria import ACC_TOLERANCE, PPL_TOLERANCE
 from ampsweep.tracking import store
 
 SKIP_RATE = 0.05  # a scaler skipping more than this share of steps is not just settling
@@ -20,7 +20,7 @@ class Trial:
     overrides: list[str]  # the precision overrides it ran with
     status: str = "finished"  # finished | diverged | failed
     error: str = ""
-    metric: str = ""  # val/acc or val/perplexity
+    metric: Score = ACCURACY  # the task's score (val/acc, val/perplexity, ...)
     score: float | None = None
     nonfinite: int = 0
     steps: int = 0
@@ -44,22 +44,17 @@ class Trial:
             return False
         if self.score is None or base.score is None:
             return self.score is None
-        if self.metric == "val/perplexity":
-            return self.score <= base.score * (1.0 + PPL_TOLERANCE)
-        return self.score >= base.score - ACC_TOLERANCE
+        return self.metric.held(self.score, base.score)
 
     def result(self, base: Trial | None) -> str:
         if self.status == "diverged":  # the error's advice is the origin, said on its own
             return f"diverged: {self.error.split('): ', 1)[0]})"
         if self.status != "finished":
             return f"{self.status}: {self.error}"
-        score = "no score" if self.score is None else f"{self.metric} {self.score:.4g}"
+        score = "no score" if self.score is None else f"{self.metric.name} {self.score:.4g}"
         if base is not None and base is not self and self.score is not None and base.score:
-            score += (
-                f" ({(self.score - base.score) * 100:+.1f} points vs fp32)"
-                if self.metric == "val/acc"
-                else f" ({(self.score / base.score - 1) * 100:+.1f}% vs fp32)"
-            )
+            change = self.metric.change(self.score, base.score)
+            score += f" ({self.metric.show_change(change)} vs fp32)" if change is not None else ""
         bad = f", {self.nonfinite} non-finite step(s)" if self.nonfinite else ""
         return f"{score}{bad}"
 
@@ -100,19 +95,20 @@ def precision_of(overrides: list[str]) -> str:
     return ""
 
 
-def verdict(run, failing, base) -> tuple[bool, str]:
-    """Whether the prescription's run fixed the failure, in words with its speed."""
+def verdict(run, failing, base, judge: Score | None = None) -> tuple[bool, str]:
+    """Whether the prescription's run fixed the failure, in words with its speed; ``judge``:
+    the task's score (default: the known score whose metric the fp32 run logged)."""
     if run is None or run.status != store.FINISHED:
         why = run.error if run is not None else "it did not run"
         return False, f"NOT fixed: {why}"
     s, b = run.summary, base.summary
-    metric = "val/perplexity" if "val/perplexity" in b else "val/acc"
+    judge = judge or of_metrics(b) or ACCURACY
+    metric = judge.name
     score, ref = s.get(metric), b.get(metric)
     nonfinite = int(s.get(NONFINITE_STEPS, 0))
     ok_score = isinstance(score, float) and math.isfinite(score) and isinstance(ref, float)
     if ok_score:
-        ok_score = (score <= ref * (1 + PPL_TOLERANCE) if metric == "val/perplexity"
-                    else score >= ref - ACC_TOLERANCE)  # fmt: skip
+        ok_score = judge.held(score, ref)
     steps = max(1.0, float(s.get("train/steps", 1)))
     finite = nonfinite == 0 or s.get("amp/skipped_steps", 0) / steps <= SKIP_RATE
     speed = ""
@@ -123,8 +119,6 @@ def verdict(run, failing, base) -> tuple[bool, str]:
             speed += f", {rate / failing.summary['perf/samples_per_s']:.2f}x the failing mode's"
     shown = f"{metric} {score:.4g} vs fp32 {ref:.4g}" if ok_score or score else metric
     if finite and ok_score:
-        tol = f"within {PPL_TOLERANCE:.0%}" if metric == "val/perplexity" else (
-            f"within {ACC_TOLERANCE * 100:.1f} points")  # fmt: skip
-        return True, f"fixed: finite, {shown} ({tol}){speed}"
+        return True, f"fixed: finite, {shown} ({judge.within()}){speed}"
     problem = f"{nonfinite} non-finite step(s)" if not finite else f"{shown}: not within fp32's"
     return False, f"NOT fixed: {problem}{speed}"

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from ampsweep.config.schema import Config, ConfigError
-from ampsweep.engine.losses import build_loss
+from ampsweep.config.score import ACCURACY, PERPLEXITY, Score
+from ampsweep.engine.optim import build_loss
 from ampsweep.engine.registry import Builder, Registry
 
 TASKS = Registry("task", provided=())
@@ -36,7 +37,7 @@ class Task:
     """How a batch's logits and targets meet the loss, and what an evaluation reports."""
 
     name = ""
-    score = ""  # the quality metric besides val/loss, e.g. val/acc
+    score: Score  # the quality metric besides val/loss (val/acc) and how it is judged
     unit = "sample"  # what perf/<unit>s_per_s counts beside samples (tokens for text)
 
     def loss(self, loss_fn: LossFn, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -51,7 +52,7 @@ class Task:
         raise NotImplementedError
 
     def metrics(self, evaluation: tuple[float, float]) -> dict[str, float]:
-        return {"val/loss": evaluation[0], self.score: evaluation[1]}
+        return {"val/loss": evaluation[0], self.score.name: evaluation[1]}
 
     def throughput(self, samples_per_s: float, y: torch.Tensor) -> dict[str, float]:
         """Extra throughput metrics of a batch shaped like ``y`` (e.g. tokens per second)."""
@@ -68,7 +69,10 @@ class Task:
 class Classification(Task):
     """One label per input: logits (N, C), targets (N,)."""
 
-    name, score = CLASSIFICATION, "val/acc"
+    name = CLASSIFICATION
+
+    def __init__(self, score: Score = ACCURACY) -> None:
+        self.score = score
 
     def loss(self, loss_fn, logits, y):
         return loss_fn(logits.float(), y)
@@ -108,7 +112,10 @@ class LanguageModeling(Task):
     """Next-token prediction: logits (N, T, V) and targets (N, T), the loss over every position.
     ``val/perplexity`` is exp of the mean next-token cross-entropy (whatever loss trains)."""
 
-    name, score, unit = LANGUAGE_MODELING, "val/perplexity", "token"
+    name, unit = LANGUAGE_MODELING, "token"
+
+    def __init__(self, score: Score = PERPLEXITY) -> None:
+        self.score = score
 
     def loss(self, loss_fn, logits, y):
         return loss_fn(logits.float().flatten(0, -2), y.flatten())
@@ -148,16 +155,31 @@ class LanguageModeling(Task):
             )
 
 
+def _score(score: Score, tolerance: float | None, task: str) -> Score:
+    """The task's score, with ``task.tolerance`` (the change against the baseline that still
+    counts as quality held) where the config sets one."""
+    if tolerance is None:
+        return score
+    if not isinstance(tolerance, int | float) or isinstance(tolerance, bool) or tolerance < 0:
+        raise ConfigError(
+            f"task.tolerance={tolerance!r} (task={task}): give a number >= 0 in the unit of "
+            f"{score.name} ({score.within()} by default), or null for the default"
+        )
+    return replace(score, tolerance=float(tolerance))
+
+
 @TASKS.register(CLASSIFICATION)
-def classification() -> Task:
-    """One label per input (images): metrics val/loss and val/acc."""
-    return Classification()
+def classification(tolerance: float | None = None) -> Task:
+    """One label per input (images): metrics val/loss and val/acc (held within 1.5 points of
+    the baseline's unless ``task.tolerance`` says otherwise, e.g. 0.005)."""
+    return Classification(_score(ACCURACY, tolerance, CLASSIFICATION))
 
 
 @TASKS.register(LANGUAGE_MODELING)
-def language_modeling() -> Task:
-    """Next-token prediction on text: metrics val/loss, val/perplexity, perf/tokens_per_s."""
-    return LanguageModeling()
+def language_modeling(tolerance: float | None = None) -> Task:
+    """Next-token prediction on text: metrics val/loss, val/perplexity, perf/tokens_per_s
+    (perplexity held within 5% of the baseline's unless ``task.tolerance`` says otherwise)."""
+    return LanguageModeling(_score(PERPLEXITY, tolerance, LANGUAGE_MODELING))
 
 
 # ---------------------------------------------------------------- the run's objective
