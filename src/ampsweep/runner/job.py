@@ -33,7 +33,7 @@ import ampsweep
 from ampsweep import console
 from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
-from ampsweep.engine import callbacks, checkpoint, distributed, loop, sharded
+from ampsweep.engine import checkpoint, components, distributed, loop, sharded
 from ampsweep.engine.build import build_planned, select_device
 from ampsweep.engine.confighash import config_hash, folder_for
 from ampsweep.engine.export import snapshot
@@ -276,7 +276,7 @@ class Job:
         if job.rank.is_main:
             console.console.print(f"checkpoints: {folder}")
         progress = console.progress_bar(cfg.trainer.progress and job.rank.is_main)
-        hooks = callbacks.instantiate(cfg.trainer.callbacks)  # the user's, checked by plan
+        hooks = components.instantiate_callbacks(cfg.trainer.callbacks)  # checked by plan
         # how much of the machine the timed steps had (other processes competing for it)
         self.share = contention.MachineShare(
             cfg.trainer.timing_warmup_steps, setup.total_steps, cfg.trainer.log_every
