@@ -81,9 +81,9 @@ def largest_batch(
     probe = Probe(setup, step, free)
     # What exists before the search (modules, the model, the data) is no try's garbage: frozen,
     # the collection after every try skips it (else each try's collection scans every object
-    # of torch, MLflow and Hydra again). Unfrozen after, unless the program had frozen its
-    # imports before (`ampsweep capacity`): then the model and data stay frozen until it ends,
-    # which only keeps the cycle collector from scanning them (reference counting still frees them).
+    # of torch, MLflow and Hydra again). Unfrozen after, unless the process had frozen objects
+    # before (the test suite does): then the model and data stay frozen until it ends, which
+    # only keeps the cycle collector from scanning them (reference counting still frees them).
     frozen_before = gc.get_freeze_count() > 0
     gc.freeze()
     try:
