@@ -35,3 +35,18 @@ def test_expand_sweep_ranges_and_choices():
 def test_expand_sweep_bad_override():
     with pytest.raises(ConfigError, match="precision=fp32,,: cannot parse"):
         expand_sweep(["precision=fp32,,"])
+
+
+def test_expand_sweep_refuses_a_sweep_with_no_value():
+    with pytest.raises(ConfigError, match=r"trainer.seed=range\(3,0\): an empty range"):
+        expand_sweep(["trainer.seed=range(3,0)"])
+    with pytest.raises(ConfigError, match="step 0 never reaches its end"):
+        expand_sweep(["optimizer.lr=range(0.1,0.3,0)"])
+    with pytest.raises(ConfigError, match="interval.. has no list of values"):
+        expand_sweep(["optimizer.lr=interval(0.1,0.3)"])
+
+
+def test_a_range_of_floats_counts_and_writes_the_decimals_typed():
+    assert expand_sweep(["lr=range(0.1,0.7,0.1)"]) == [[f"lr=0.{i}"] for i in range(1, 7)]
+    assert expand_sweep(["lr=range(1,0.5,-0.25)"]) == [["lr=1.0"], ["lr=0.75"]]
+    assert expand_sweep(["x=range(-0.3,0.1,0.1)"])[3] == ["x=0.0"]  # not 5.6e-17, nor -0.0
