@@ -216,11 +216,11 @@ PHASES = [
     ("ampsweep.runner.job", "Job.close"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_artifact"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.stop_system_metrics"),
-    ("ampsweep.engine.export", "snapshot"), ("ampsweep.runner.job", "Job._finish"),
+    ("ampsweep.engine.checkpoint", "snapshot"), ("ampsweep.runner.job", "Job._finish"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_model"),
     ("ampsweep.tracking.logged_model", "log"),
     ("ampsweep.tracking.logged_model", "signature_output"),
-    ("ampsweep.engine.export", "ModelSnapshot.predict"),
+    ("ampsweep.engine.checkpoint", "ModelSnapshot.predict"),
     ("mlflow.pytorch", "save_model"),
     ("ampsweep.tracking.recorder", "MlflowRecorder._link_metrics"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.end"),
@@ -305,7 +305,7 @@ def measure_in_process(tmp: Path) -> tuple[float, collections.Counter]:
 
     from ampsweep.config.compose import load
     from ampsweep.engine.build import build
-    from ampsweep.engine.export import snapshot
+    from ampsweep.engine.checkpoint import snapshot
     from ampsweep.runner.job import run_job
     from ampsweep.tracking import store
     from ampsweep.tracking.recorder import MlflowRecorder

@@ -79,8 +79,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from ampsweep.config.compose import load  # noqa: E402
 from ampsweep.engine import build, data, loop, models  # noqa: E402
+from ampsweep.engine.checkpoint import snapshot  # noqa: E402
 from ampsweep.engine.data.batches import epoch_order  # noqa: E402
-from ampsweep.engine.export import snapshot  # noqa: E402
 from ampsweep.engine.loop import fit  # noqa: E402
 from ampsweep.measure.numerics import NonfiniteWatch  # noqa: E402
 from ampsweep.measure.speed import StepTimer  # noqa: E402

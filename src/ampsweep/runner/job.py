@@ -35,8 +35,8 @@ from ampsweep.config.compose import as_dict, flatten, to_config, to_yaml
 from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import checkpoint, components, distributed, loop, sharded
 from ampsweep.engine.build import build_planned, select_device
+from ampsweep.engine.checkpoint import snapshot
 from ampsweep.engine.confighash import config_hash, folder_for
-from ampsweep.engine.export import snapshot
 from ampsweep.measure import contention
 from ampsweep.measure.probe import probe
 from ampsweep.runner import environment, estimate

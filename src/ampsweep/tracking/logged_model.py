@@ -49,7 +49,7 @@ Point = tuple[str, float, int, int]  # a metric's key, value, timestamp (ms) and
 
 
 class ModelSnapshot(Protocol):
-    """The trained model as ``engine.export.ModelSnapshot`` hands it over."""
+    """The trained model as ``engine.checkpoint.ModelSnapshot`` hands it over."""
 
     module: Any  # a torch.nn.Module (this layer imports no torch)
     example: Any  # numpy array: one batch of inputs

@@ -16,7 +16,7 @@ from torch import nn
 from ampsweep.config import compose
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine.build import build
-from ampsweep.engine.export import snapshot
+from ampsweep.engine.checkpoint import snapshot
 from ampsweep.precision.modes import PrecisionConfig
 from ampsweep.precision.policy import Fp32Forward, build_policy
 

@@ -19,9 +19,9 @@ from mlflow.entities import LoggedModelStatus
 from mlflow.models import Model
 
 from ampsweep.config.schema import Config, TrackingConfig, validate
-from ampsweep.engine import export
+from ampsweep.engine import checkpoint
+from ampsweep.engine.checkpoint import ModelSnapshot
 from ampsweep.engine.data.batches import Batches
-from ampsweep.engine.export import ModelSnapshot
 from ampsweep.tracking import installed, logged_model
 from ampsweep.tracking import store as mlflow_store
 
@@ -32,7 +32,7 @@ def _snapshot():
     x, y = torch.randn(20, 1, 8, 8), torch.arange(20) % 10
     batches = Batches((x, y), 8, torch.device("cpu"), torch.float32, shuffle=False,
                       drop_last=False, seed=0, preload=True)  # fmt: skip
-    return export.snapshot(model, batches)
+    return checkpoint.snapshot(model, batches)
 
 
 def test_the_model_is_logged_to_the_runs_experiment_with_its_final_metrics(
@@ -119,7 +119,7 @@ def test_a_model_of_a_local_module_loads_where_that_module_is_not(
     x, y = torch.randn(20, 1, 8, 8), torch.arange(20) % 10
     batches = Batches((x, y), 8, torch.device("cpu"), torch.float32, shuffle=False,
                       drop_last=False, seed=0, preload=True)  # fmt: skip
-    snap = export.snapshot(mynets.Net(), batches)
+    snap = checkpoint.snapshot(mynets.Net(), batches)
     r = new_recorder()
     model_id = r.log_model(snap, 1)
     r.end(mlflow_store.FINISHED)
@@ -144,7 +144,7 @@ def test_a_model_that_cannot_run_on_the_cpu_is_logged_with_its_inputs_signature(
     batches = Batches((x, y), 8, torch.device("cpu"), torch.float32, shuffle=False,
                       drop_last=False, seed=0, preload=True)  # fmt: skip
     r = new_recorder()
-    model_id = r.log_model(export.snapshot(GpuOnly(4, 2), batches), 1)
+    model_id = r.log_model(checkpoint.snapshot(GpuOnly(4, 2), batches), 1)
     r.end(mlflow_store.FINISHED)
     location = r.client.get_logged_model(model_id).artifact_location
     signature = Model.load(location.removeprefix("file://")).signature
