@@ -1,5 +1,6 @@
-"""Callbacks that inject the faults of a shared machine into a real ``ampsweep train`` process
-(named in ``trainer.callbacks``; ``conftest.callback_env`` puts this folder on the path)."""
+"""Callbacks that inject the faults of a shared machine into an ``ampsweep train`` command
+(named in ``trainer.callbacks``; ``conftest.callback_env`` puts this folder on the path of a
+subprocess)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class LockStore(Callback):
 
 class DiskFull(Callback):
     """Every checkpoint write from step ``step`` on fails as on a full disk (ENOSPC, after
-    part of the file was written)."""
+    part of the file was written): ``torch.save`` is replaced for the rest of the process."""
 
     def __init__(self, step: int):
         self.step = step

@@ -1,4 +1,4 @@
-"""A sweep beside a busy machine, through the real CLI: its jobs run seed-major, each run logs
+"""A sweep beside a busy machine, through the CLI: its jobs run seed-major, each run logs
 the cores it and the other processes used while its steps were timed, and the report flags
 the contended timings and leaves them out of its speed verdicts."""
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import all_runs, run_cli
+from conftest import all_runs
 
 from ampsweep.measure import contention
 from ampsweep.tracking import store as mlflow_store
@@ -27,16 +27,16 @@ SWEEP = ["precision=fp32,bf16", "sweep.repeats=2", "model=cnn", "trainer.epochs=
 SPIN = "import os, time\nos.nice(19)\nend = time.time() + 300\nwhile time.time() < end: pass"
 
 
-def test_a_sweep_beside_a_busy_loop_is_flagged_contended_and_runs_seed_major(tmp_path, store):
+def test_a_sweep_beside_a_busy_loop_is_flagged_contended_and_runs_seed_major(store, main):
     cores = contention.available_cores()
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(cores)]
     try:
-        proc = run_cli(["train", "-m", *SWEEP, f"tracking.uri={store}"], tmp_path)
+        res = main("train", "-m", *SWEEP, f"tracking.uri={store}")
     finally:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-    assert proc.returncode == 0, proc.stderr
+    assert res.code == 0, res.err
     kids = [r for r in all_runs(store) if mlflow_store.PARENT in r.data.tags]
     by_job = sorted(kids, key=lambda r: int(r.data.tags["job_num"]))
     order = [(r.data.params["precision.name"], r.data.params["trainer.seed"]) for r in by_job]
@@ -49,7 +49,7 @@ def test_a_sweep_beside_a_busy_loop_is_flagged_contended_and_runs_seed_major(tmp
         assert contention.contended(
             m[contention.CORES_USED], m[contention.CORES_OTHERS], m[contention.CORES]
         )
-    out = proc.stdout
+    out = res.out
     assert "Timing contended, other processes competing for the CPU" in out
     assert "Their speed is left out of the speed verdicts" in out
     assert "Speed (" not in out and "Speed, paired by seed" not in out  # no verdict on it

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from callbacks import signal_at_step
 from conftest import all_runs, callback_env, resumable, run_cli, start_cli
 from unit.engine.test_checkpoint_verify import damage
@@ -163,7 +164,9 @@ def test_a_damaged_newest_checkpoint_is_never_resumed(tmp_path, store_uri, main)
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_a_checkpoint_is_one_line(tmp_path, store_uri, main):
+def test_a_full_disk_during_a_checkpoint_is_one_line(tmp_path, store_uri, main, monkeypatch):
+    # DiskFull replaces torch.save in the process it runs in, this one: put it back after
+    monkeypatch.setattr(torch, "save", torch.save)
     args = [*resumable(tmp_path / "ck", "trainer.max_steps=12", "trainer.checkpoint_every=4"),
             f"tracking.uri={store_uri}",
             "trainer.callbacks=[{_target_: fault_callbacks.DiskFull, step: 8}]"]  # fmt: skip

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli
 
 from ampsweep.tracking import store
 
 
 @pytest.mark.slow
-def test_reproduce_matches_exactly(tmp_path, store_uri, main):
+def test_reproduce_matches_exactly(store_uri, main, monkeypatch):
     args = [
         "trainer.epochs=1", "trainer.max_steps=12", "trainer.log_every=2",
         "trainer.progress=false", "trainer.deterministic=true", "model.width=8",
@@ -25,10 +24,10 @@ def test_reproduce_matches_exactly(tmp_path, store_uri, main):
     client = store.client_for(store_uri)
     (orig,) = client.search_runs(["1"])
     rid = orig.info.run_id
-    again = run_cli(["reproduce", rid, "trainer.log_every=2"], tmp_path,
-                    env={"MLFLOW_TRACKING_URI": store_uri})  # fmt: skip
-    assert again.returncode == 0, again.stderr
-    assert "original" in again.stdout and "reproduced" in again.stdout
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)  # the store from the environment
+    again = main("reproduce", rid, "trainer.log_every=2")
+    assert again.code == 0, again.err
+    assert "original" in again.out and "reproduced" in again.out
     (new,) = client.search_runs(["1"], filter_string=f"tags.reproduces = '{rid}'")
     assert new.data.tags["overrides"] == "trainer.log_every=2"
     hist = {r: [(m.step, m.value) for m in client.get_metric_history(r, "train/loss")]
@@ -76,7 +75,7 @@ def _tamper(client, run_id: str, folder, section: dict) -> None:
 
 
 @pytest.mark.slow
-def test_reproduce_refuses_a_strangers_target(tmp_path, store_uri, main):
+def test_reproduce_refuses_a_strangers_target(tmp_path, store_uri, main, monkeypatch):
     """A logged config that names ``os.system`` is refused in one line before anything is
     imported (the file it would create is not there, nothing is recorded); ``--trust os``
     runs it as asked; the same check guards a run dir's saved config."""
@@ -86,17 +85,17 @@ def test_reproduce_refuses_a_strangers_target(tmp_path, store_uri, main):
     (run,) = client.search_runs(["1"])
     rid, pwned = run.info.run_id, tmp_path / "PWNED"
     _tamper(client, rid, tmp_path, {"_target_": "os.system", "command": f"touch {pwned}"})
-    refused = run_cli(["reproduce", rid, f"tracking.uri={store_uri}"], tmp_path)
-    assert refused.returncode == 2, refused.stderr
-    lines = refused.stderr.strip().splitlines()
+    refused = main("reproduce", rid, f"tracking.uri={store_uri}")
+    assert refused.code == 2, refused.err
+    lines = refused.err.strip().splitlines()
     assert lines == [
         "error: model._target_=os.system: not a model of ampsweep or of a trusted package: "
         "pass --trust os if you mean it"
-    ], refused.stderr
+    ], refused.err
     assert not pwned.exists()
     assert len(client.search_runs(["1"])) == 1  # nothing recorded
-    trusted = run_cli(["reproduce", rid, "--trust", "os", f"tracking.uri={store_uri}"], tmp_path)
-    assert pwned.exists(), trusted.stderr  # the user said they mean it
+    trusted = main("reproduce", rid, "--trust", "os", f"tracking.uri={store_uri}")
+    assert pwned.exists(), trusted.err  # the user said they mean it
     assert all(r.info.status != "RUNNING" for r in client.search_runs(["1"]))
     # A run dir's saved config, copied from elsewhere: the same check, through train.
     pwned.unlink()
@@ -106,10 +105,10 @@ def test_reproduce_refuses_a_strangers_target(tmp_path, store_uri, main):
     cfg = yaml.safe_load(config)
     cfg["model"] = {"_target_": "os.system", "command": f"touch {pwned}"}
     (saved / "config.yaml").write_text(yaml.safe_dump(cfg))
-    native = run_cli(["train", "--config-path", str(saved), "--config-name", "config"], tmp_path,
-                     env={"MLFLOW_TRACKING_URI": store_uri})  # fmt: skip
-    assert native.returncode == 2, native.stderr
-    (line,) = native.stderr.strip().splitlines()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
+    native = main("train", "--config-path", str(saved), "--config-name", "config")
+    assert native.code == 2, native.err
+    (line,) = native.err.strip().splitlines()
     assert "model._target_=os.system: not a model of ampsweep" in line and "--trust os" in line
     assert not pwned.exists()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from ampsweep.tracking import store
 
@@ -88,24 +87,27 @@ def test_no_secret_reaches_the_store_from_a_run_or_a_sweep(tmp_path, store_uri, 
 
 
 @pytest.mark.slow
-def test_a_secret_in_an_experiment_name_is_refused_and_never_printed(tmp_path, store_uri):
+def test_a_secret_in_an_experiment_name_is_refused_and_never_printed(
+    tmp_path, store_uri, main, monkeypatch
+):
     """An experiment named after a secret is refused in one line that names the variable,
     not the value (the name keys the experiment and its artifact folders); an error line that
     quotes a path holding a secret prints it masked; neither leaves anything in the store."""
-    env = {"MY_API_TOKEN": SECRET, "MLFLOW_TRACKING_URI": store_uri}
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
     for args in (["train", *TINY], ["train", "-m", "precision=fp32,bf16", *TINY]):
-        res = run_cli([*args, f"tracking.experiment=exp-{SECRET}"], tmp_path, env=env)
-        assert res.returncode == 2, res.stderr
-        assert res.stderr.strip().splitlines() == [
+        res = main(*args, f"tracking.experiment=exp-{SECRET}")
+        assert res.code == 2, res.err
+        assert res.err.strip().splitlines() == [
             "error: tracking.experiment=exp-***: holds the value of the secret environment "
             "variable MY_API_TOKEN: an experiment's name is shown to everyone who reads the "
             "store and names its artifact folders: choose a name without it"
         ]
-        assert SECRET not in res.stdout + res.stderr
+        assert SECRET not in res.out + res.err
     root = f"dataset.root={tmp_path}/nonexist-{SECRET}"
-    missing = run_cli(["train", *TINY, "dataset=mnist", root], tmp_path, env=env)
-    assert missing.returncode == 2, missing.stderr
-    (line,) = missing.stderr.strip().splitlines()
+    missing = main("train", *TINY, "dataset=mnist", root)
+    assert missing.code == 2, missing.err
+    (line,) = missing.err.strip().splitlines()
     assert line.startswith("error: dataset=mnist: no data under") and "nonexist-***" in line
-    assert SECRET not in missing.stdout + missing.stderr
+    assert SECRET not in missing.out + missing.err
     assert not store.sqlite_path(store_uri).exists() or leaks(store_uri)[1] == 0

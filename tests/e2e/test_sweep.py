@@ -1,5 +1,5 @@
-"""``ampsweep train -m`` in a real process: one MLflow parent run per multirun, a nested child
-per job, and the report printed and logged at the end; ``ampsweep report`` reads it back."""
+"""``ampsweep train -m``: one MLflow parent run per multirun, a nested child per job, and the
+report printed and logged at the end; ``ampsweep report`` reads it back."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def parents_and_children(uri: str):
 
 def test_three_mode_sweep_makes_one_parent_with_nested_children(three_mode_sweep):
     sweep = three_mode_sweep
-    out = sweep.proc.stdout  # a speed verdict, or why the busy machine's timings give none
+    out = sweep.result.out  # a speed verdict, or why the busy machine's timings give none
     assert "Findings" in out and ("Fastest here" in out or "Timing contended" in out)
     parents, kids = parents_and_children(sweep.uri)
     assert len(parents) == 1

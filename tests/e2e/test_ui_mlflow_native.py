@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, free_port, require_tool, run_cli
+from conftest import REPO, free_port, require_tool, run_in_process
 
 from ampsweep.tracking import store as mlflow_store
 
@@ -33,8 +33,8 @@ def served(tmp_path_factory):
     args = ["train", f"tracking.uri={store}", "trainer.epochs=20", "trainer.max_steps=240",
             "trainer.progress=false", "model.width=8",
             "tracking.system_metrics_interval=0.02"]  # fmt: skip
-    res = run_cli(args, folder)
-    assert res.returncode == 0, res.stderr
+    res = run_in_process(args, folder)
+    assert res.code == 0, res.err
     client = mlflow_store.client_for(store)
     exp = client.get_experiment_by_name("ampsweep")
     [run] = client.search_runs([exp.experiment_id])
