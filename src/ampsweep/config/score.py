@@ -130,9 +130,14 @@ ACCURACY = Score(
 # Short runs vary more than that with the seed alone, so a difference beyond it on a short run
 # is a reason to repeat, not proof.
 PERPLEXITY = Score(
-    "val/perplexity", "perplexity", higher_is_better=False, tolerance=0.05, relative=True,
-    target=0.02, low=1.0,
-)  # fmt: skip
+    "val/perplexity",
+    "perplexity",
+    higher_is_better=False,
+    tolerance=0.05,
+    relative=True,
+    target=0.02,
+    low=1.0,
+)
 KNOWN = {s.name: s for s in (ACCURACY, PERPLEXITY)}
 
 

@@ -49,8 +49,9 @@ REGISTRIES = {
 
 def builders(cfg: Config) -> dict[str, Builder]:
     """The builder of each component of ``cfg`` (raises the first lookup or import problem)."""
-    return {section: registry.builder(getattr(cfg, section)) for section, registry in
-            REGISTRIES.items()}  # fmt: skip
+    return {
+        section: registry.builder(getattr(cfg, section)) for section, registry in REGISTRIES.items()
+    }
 
 
 def resolve(cfg: Config) -> Config:

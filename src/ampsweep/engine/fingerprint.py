@@ -169,8 +169,17 @@ def _spec(split, which: int) -> tuple[str, tuple[int, ...]]:
 
 
 def _config_key(cfg: DatasetConfig) -> str:
-    return repr((cfg.name, sorted(cfg.args.items()), getattr(cfg, "target", None),
-                 cfg.split_seed, cfg.val_fraction, list(cfg.mean), list(cfg.std)))  # fmt: skip
+    return repr(
+        (
+            cfg.name,
+            sorted(cfg.args.items()),
+            getattr(cfg, "target", None),
+            cfg.split_seed,
+            cfg.val_fraction,
+            list(cfg.mean),
+            list(cfg.std),
+        )
+    )
 
 
 def _plain(args: dict[str, Any]) -> dict[str, Any]:

@@ -278,8 +278,9 @@ def fit(
             if diag.due(state.step + 1):  # gradient underflow, measured on true gradients
                 log(diag.measure(plain, scaler, x, y, objective), state.step + 1)
             skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
-            view = StepView(state.step + 1, plain, optimizer, scaler, step_batches, step_losses,
-                            skipped, log)  # fmt: skip
+            view = StepView(
+                state.step + 1, plain, optimizer, scaler, step_batches, step_losses, skipped, log
+            )
             for callback in before_update:  # e.g. locate a non-finite step before it is applied
                 callback.before_update(view)
             if t.grad_clip > 0:

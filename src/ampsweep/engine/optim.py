@@ -40,8 +40,9 @@ def _check_sgd(s: dict) -> list[str]:
 
 
 @OPTIMIZERS.register("sgd", check=_check_sgd)
-def sgd(params, lr: float, weight_decay: float, device, *, momentum: float = 0.9,
-        nesterov: bool = False) -> torch.optim.Optimizer:  # fmt: skip
+def sgd(
+    params, lr: float, weight_decay: float, device, *, momentum: float = 0.9, nesterov: bool = False
+) -> torch.optim.Optimizer:
     """SGD with momentum (and optionally Nesterov momentum)."""
     return torch.optim.SGD(
         params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay

@@ -190,8 +190,9 @@ class Registry(dict[str, Builder]):
     def for_target(self, target: str, partial: bool = False) -> Builder:
         fn = import_target(self.kind, target)
         provided = frozenset() if partial else self.target_provided
-        return Builder(self.kind, target.rsplit(".", 1)[-1], fn, provided, target=target,
-                       partial=partial)  # fmt: skip
+        return Builder(
+            self.kind, target.rsplit(".", 1)[-1], fn, provided, target=target, partial=partial
+        )
 
     def register(self, name: str, *, check: Check | None = None, **info) -> Callable:
         """Decorator: register ``fn`` under ``name`` (``info``: facts about it, e.g. a task)."""

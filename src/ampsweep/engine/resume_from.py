@@ -132,8 +132,10 @@ def choose(
                         f"{who}: wait for it to end, or drop trainer.resume to start a new run"
                     ) from None
                 busy.add(folder)
-                say(f"trainer.resume=auto: run {folder.name} is being trained by {who}: "
-                    "leaving it to that process")  # fmt: skip
+                say(
+                    f"trainer.resume=auto: run {folder.name} is being trained by {who}: "
+                    "leaving it to that process"
+                )
                 continue
         if auto and path.name.endswith(END_SUFFIX):
             release_all()

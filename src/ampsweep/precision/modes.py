@@ -262,8 +262,12 @@ def problems(pc: PrecisionConfig) -> list[str]:
         return []
     mode = MODES[pc.name]
     p = []
-    wanted = {"dtype": Dtype[mode.dtype], "autocast": mode.autocast, "pure": mode.pure,
-              "tf32": mode.tf32}  # fmt: skip
+    wanted = {
+        "dtype": Dtype[mode.dtype],
+        "autocast": mode.autocast,
+        "pure": mode.pure,
+        "tf32": mode.tf32,
+    }
     for key, value in wanted.items():
         given = getattr(pc, key)
         if given is not None and given != value:

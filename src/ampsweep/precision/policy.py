@@ -207,9 +207,14 @@ class PrecisionPolicy:
         """The config as it ran: the concrete mode and its derived fields filled in."""
         m = self.mode
         return replace(
-            pc, name=m.name, scaler=self.scaler, dtype=Dtype[m.dtype], autocast=m.autocast,
-            pure=m.pure, tf32=m.tf32,
-        )  # fmt: skip
+            pc,
+            name=m.name,
+            scaler=self.scaler,
+            dtype=Dtype[m.dtype],
+            autocast=m.autocast,
+            pure=m.pure,
+            tf32=m.tf32,
+        )
 
 
 def set_tf32(enabled: bool) -> None:

@@ -43,15 +43,16 @@ class RunEnd:
         why = f"interrupted ({err or 'KeyboardInterrupt'})"
         code = EXIT_KILLED
         if job.store_failed:
-            why = (f"stopped, the MLflow store failed ({job.store_failed}): {err}; resume "
-                   "with trainer.resume=auto")  # fmt: skip
+            why = (
+                f"stopped, the MLflow store failed ({job.store_failed}): {err}; resume "
+                "with trainer.resume=auto"
+            )
             code = EXIT_FAILED
         if job.stop.requeue:
             why = f"stopped for SLURM's requeue signal ({err}): requeued, resumes from there"
         with job.stop.deferred():  # one more signal must not leave the run RUNNING
             job.recorder.end(store.KILLED, error=why)
-        outcome = JobOutcome(job.name, store.KILLED, job.recorder.run_id, error=why,
-                             exit_code=code)  # fmt: skip
+        outcome = JobOutcome(job.name, store.KILLED, job.recorder.run_id, error=why, exit_code=code)
         return self.say_unsent(outcome)
 
     def requeue(self, outcome: JobOutcome) -> JobOutcome:
@@ -71,8 +72,11 @@ class RunEnd:
         register = cfg.tracking.register_model
         try:
             if model is not None:
-                tags = {store.PRECISION: cfg.precision.name, store.MODEL: cfg.model.name,
-                        store.DATASET: cfg.dataset.name}  # fmt: skip
+                tags = {
+                    store.PRECISION: cfg.precision.name,
+                    store.MODEL: cfg.model.name,
+                    store.DATASET: cfg.dataset.name,
+                }
                 model_id = recorder.log_model(model, step, tags=tags)
                 if register:
                     version = recorder.register_model(model_id, register)
@@ -122,11 +126,15 @@ class RunEnd:
         if policy == OnStoreFailure.stop:
             job.store_failed = why
             job.stop.requested = True  # the loop checkpoints at the next step and stops
-            console.error(f"{job.name}: {why}; {kept}; stopping after this step, with a "
-                          "checkpoint (tracking.on_store_failure=stop)")  # fmt: skip
+            console.error(
+                f"{job.name}: {why}; {kept}; stopping after this step, with a "
+                "checkpoint (tracking.on_store_failure=stop)"
+            )
             return
-        console.error(f"{job.name}: {why}; training goes on, {kept} until it answers "
-                      "(tracking.on_store_failure=stop stops instead)")  # fmt: skip
+        console.error(
+            f"{job.name}: {why}; training goes on, {kept} until it answers "
+            "(tracking.on_store_failure=stop stops instead)"
+        )
 
     def say_unsent(self, outcome: JobOutcome) -> JobOutcome:
         """After the run's end: if the store is still down, say where its records wait."""

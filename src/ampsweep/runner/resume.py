@@ -152,8 +152,11 @@ class Resumer:
             after_step=step,
             flush_seconds=cfg.tracking.metrics_flush_seconds,
         )
-        tags = {"resumed_from": ckpt["path"], "resumed_at_step": str(step),
-                **job.command.extra_tags}  # fmt: skip
+        tags = {
+            "resumed_from": ckpt["path"],
+            "resumed_at_step": str(step),
+            **job.command.extra_tags,
+        }
         if job.ctx.output_dir:
             tags["resumed_run_dir"] = str(job.ctx.output_dir.resolve())
         if job.sweep:  # a relaunched sweep: the run now belongs to this launch's parent
@@ -162,8 +165,10 @@ class Resumer:
         old_error = run.data.tags.get(store.ERROR)
         gone = job.lease.previous  # the owner before us died holding the run
         if gone is not None and not old_error:
-            old_error = (f"its process ({gone.describe()}) ended without ending the run "
-                         "(killed, or its machine lost)")  # fmt: skip
+            old_error = (
+                f"its process ({gone.describe()}) ended without ending the run "
+                "(killed, or its machine lost)"
+            )
             tags[store.ENDED_BY] = f"pid {os.getpid()} on {socket.gethostname()}, resuming it"
         if old_error:  # the run is alive again: keep why it stopped, under another name
             tags[store.PREVIOUS_ERROR] = old_error

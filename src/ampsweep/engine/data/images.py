@@ -201,15 +201,35 @@ def _cifar(cfg, cls_name, folder_name, train, test, key, classes, stats, root, d
 def cifar10(cfg: DatasetConfig, *, root: str = "data", download: bool = False) -> Splits:
     """torchvision CIFAR-10 (<root>/cifar-10-batches-py); its test batch validates."""
     train = [f"data_batch_{i}" for i in range(1, 6)]
-    return _cifar(cfg, "CIFAR10", "cifar-10-batches-py", train, ["test_batch"], b"labels", 10,
-                  CIFAR10_STATS, root, download)  # fmt: skip
+    return _cifar(
+        cfg,
+        "CIFAR10",
+        "cifar-10-batches-py",
+        train,
+        ["test_batch"],
+        b"labels",
+        10,
+        CIFAR10_STATS,
+        root,
+        download,
+    )
 
 
 @DATASETS.register("cifar100")
 def cifar100(cfg: DatasetConfig, *, root: str = "data", download: bool = False) -> Splits:
     """torchvision CIFAR-100 (<root>/cifar-100-python), fine labels; its test set validates."""
-    return _cifar(cfg, "CIFAR100", "cifar-100-python", ["train"], ["test"], b"fine_labels", 100,
-                  CIFAR100_STATS, root, download)  # fmt: skip
+    return _cifar(
+        cfg,
+        "CIFAR100",
+        "cifar-100-python",
+        ["train"],
+        ["test"],
+        b"fine_labels",
+        100,
+        CIFAR100_STATS,
+        root,
+        download,
+    )
 
 
 @DATASETS.register("imagefolder", check=positive("image_size", "channels"))

@@ -87,8 +87,15 @@ def text_splits(
         )
     reference = {"data/unigram_perplexity": unigram_perplexity(train, val, vocab)}
     info = {**info, "tokens": len(tokens), "vocab_size": vocab}
-    return Splits(cfg.name, vocab, (seq_len,), sequences(train, seq_len), sequences(val, seq_len),
-                  info=info, reference=reference)  # fmt: skip
+    return Splits(
+        cfg.name,
+        vocab,
+        (seq_len,),
+        sequences(train, seq_len),
+        sequences(val, seq_len),
+        info=info,
+        reference=reference,
+    )
 
 
 def _byte_tokens(data: bytes) -> torch.Tensor:

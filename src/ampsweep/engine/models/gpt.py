@@ -59,9 +59,14 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(
-        self, vocab_size: int, n_layer: int, n_head: int, n_embd: int, block_size: int,
+        self,
+        vocab_size: int,
+        n_layer: int,
+        n_head: int,
+        n_embd: int,
+        block_size: int,
         dropout: float,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.block_size = block_size
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
