@@ -34,6 +34,7 @@ import itertools
 import math
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
@@ -276,7 +277,9 @@ class Doctor:
         names, until the trial is finite (at most ROUNDS trials). The user's own keep_fp32
         patterns come first."""
         keep: list[str] = list(self._given_keep())
-        trial, problem = t, f"{t.result(base)}; {t.origin.sentence()}"
+        first = t.origin
+        assert first is not None  # asked only of a trial that located its failure
+        trial, problem = t, f"{t.result(base)}; {first.sentence()}"
         for _ in range(ROUNDS):
             origin = trial.origin
             if origin is None or not origin.fix().startswith("precision.keep_fp32"):
@@ -291,7 +294,7 @@ class Doctor:
             if trial.held(base):
                 break
         note = "or precision=bf16, which has fp32's range" if (
-            t.origin.kind == "forward" and modes.MODES[mode].dtype == "fp16") else ""  # fmt: skip
+            first.kind == "forward" and modes.MODES[mode].dtype == "fp16") else ""  # fmt: skip
         rx = Prescription(mode, problem, {"name": mode, "keep_fp32": keep}, note, trial)
         return rx
 
@@ -345,7 +348,7 @@ class Doctor:
         launch = ["ampsweep", "train", "-m", "--config-dir", str(self.folder),
                   f"experiment={EXPERIMENT}", *rest]  # fmt: skip
         command = " ".join(launch)
-        sweep = {"hydra": {"sweeper": {"params": {"precision": ",".join(swept)}}}}
+        sweep: dict[str, Any] = {"hydra": {"sweeper": {"params": {"precision": ",".join(swept)}}}}
         if experiment:  # the user's experiment first, then this sweep over it
             sweep = {"defaults": [experiment, "_self_"], **sweep}
         header = (f"# @package _global_\n# experiment={EXPERIMENT}: written by ampsweep doctor "

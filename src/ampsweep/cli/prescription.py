@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ampsweep.config.score import ACCURACY, Score, of_metrics
 from ampsweep.measure.names import NONFINITE_STEPS
 from ampsweep.tracking import store
+
+if TYPE_CHECKING:  # named only: the doctor's trials import torch where they run
+    from ampsweep.measure.replay import Origin
 
 SKIP_RATE = 0.05  # a scaler skipping more than this share of steps is not just settling
 
@@ -26,7 +30,7 @@ class Trial:
     steps: int = 0
     skipped: float = 0.0
     samples_per_s: float | None = None
-    origin: object = None  # measure.numerics.Origin
+    origin: Origin | None = None  # where its first non-finite value began
 
     @property
     def finite(self) -> bool:

@@ -207,9 +207,10 @@ def primary_config(run_id: str, text: str, overrides: list[str], folder: Path) -
 
 def recorded_callbacks(text: str) -> list[str]:
     """The ``_target_`` of each of the ``trainer.callbacks`` a logged config names."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-    trainer = OmegaConf.create(text).get("trainer") or {}
+    cfg = OmegaConf.create(text)
+    trainer = (cfg.get("trainer") if isinstance(cfg, DictConfig) else None) or {}
     return [str(spec.get("_target_")) for spec in trainer.get("callbacks") or []]
 
 

@@ -96,9 +96,9 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         return code
     parsed.overrides = [*overrides, *saved]
     if not parsed.multirun:
-        code = _single(parsed, command, [*args, *saved])
-        if code is not None:
-            return code
+        single_code = _single(parsed, command, [*args, *saved])
+        if single_code is not None:
+            return single_code
         parsed.multirun = True  # the config's own hydra.mode=MULTIRUN: Hydra sweeps it
     if rank.enabled:
         console.error(
@@ -122,7 +122,7 @@ def _single(parsed: argparse.Namespace, command: CommandContext, args: list[str]
             if single.node.hydra.mode == RunMode.MULTIRUN:
                 return None
             code, planned = validate(single.node, record=rank.is_main)
-            if code:
+            if planned is None:
                 return code
             return _run_single(single, planned, single_run, command, args)
     except ConfigError as err:  # Hydra's, composing the command

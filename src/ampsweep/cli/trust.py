@@ -109,7 +109,7 @@ def _ampsweep_components() -> list[Any]:
     return builders + hooks
 
 
-def targets(cfg: Mapping[str, Any], skip: Sequence[str] = ()) -> list[tuple[str, str]]:
+def targets(cfg: Mapping[Any, Any], skip: Sequence[str] = ()) -> list[tuple[str, str]]:
     """``(key, dotted path)`` of every ``_target_`` a plain config names, but those of the
     sections in ``skip`` (the user's own overrides replace them)."""
     out = []
@@ -132,14 +132,14 @@ def overridden(overrides: Sequence[str]) -> list[str]:
     return out + (["trainer.callbacks"] if "trainer.callbacks" in keys else [])
 
 
-def check(cfg: Mapping[str, Any], trust: Trust, skip: Sequence[str] = ()) -> None:
+def check(cfg: Mapping[Any, Any], trust: Trust, skip: Sequence[str] = ()) -> None:
     """Raise one ConfigError naming every target of ``cfg`` that ``trust`` does not allow."""
     problems = [p for key, path in targets(cfg, skip) if (p := trust.problem(key, path))]
     if problems:
         raise ConfigError("; ".join(problems))
 
 
-def check_recorded(cfg: Mapping[str, Any], source: str) -> None:
+def check_recorded(cfg: Mapping[Any, Any], source: str) -> None:
     """A recorded config is the resolved config of a run: its sections and plain values. A
     ``hydra`` or ``defaults`` section (Hydra's callbacks, plugins, other config files) or an
     interpolation (``${oc.env:...}`` reads this machine's environment) is not one."""

@@ -123,7 +123,7 @@ class LauncherSettings:
 
 
 def is_slurm_launcher(target: str | None) -> bool:
-    return bool(target) and target.rsplit(".", 1)[-1] == "SlurmLauncher"
+    return target is not None and target.rsplit(".", 1)[-1] == "SlurmLauncher"
 
 
 def check(
@@ -200,8 +200,8 @@ def _partition(s: LauncherSettings, parts: dict[str, Partition]) -> Partition:
 
 
 def _check_time_limit(s: LauncherSettings, part: Partition) -> None:
-    limit = part.time_limit_min
-    if limit is not None and s.timeout_min > limit:
+    limit, timeout = part.time_limit_min, s.timeout_min  # an int: check_timeout ran first
+    if limit is not None and isinstance(timeout, int) and timeout > limit:
         raise ConfigError(
             f"hydra.launcher.timeout_min={s.timeout_min}: partition {part.name} allows at "
             f"most {limit} minutes: lower timeout_min (a job that reaches it is requeued and "
@@ -286,6 +286,7 @@ def check_launcher(cfg, configs: list) -> list[str]:
     if not is_slurm_launcher(OmegaConf.select(launcher, "_target_")):
         return []
     raw = OmegaConf.to_container(launcher, resolve=False)
+    assert isinstance(raw, dict)  # a launcher config is a mapping
     resolved = {k: OmegaConf.select(launcher, k) for k in raw if isinstance(k, str)}
     settings = LauncherSettings.from_config(resolved, raw)
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}

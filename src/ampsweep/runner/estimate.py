@@ -56,13 +56,16 @@ def slow_mode_notes(configs: Sequence[Config], has_cuda: bool, flags: set[str] |
         if _on_cpu(cfg, has_cuda):
             jobs[cfg.precision.name] = jobs.get(cfg.precision.name, 0) + 1
     slow: dict[str, list[str]] = {}  # dtype -> its slow modes
+    slowdowns: dict[str, tuple[float, float]] = {}  # dtype -> its expected slowdown range
     for name in jobs:
         m = modes.get(name)
-        if m is not None and modes.cpu_slowdown(m, flags) is not None:
+        slowdown = modes.cpu_slowdown(m, flags) if m is not None else None
+        if m is not None and slowdown is not None:
             slow.setdefault(m.dtype, []).append(name)
+            slowdowns[m.dtype] = slowdown
     notes = []
     for dtype, names in slow.items():
-        low, high = modes.cpu_slowdown(modes.get(names[0]), flags)
+        low, high = slowdowns[dtype]
         native = "/".join(modes.NATIVE_CPU_FLAGS[dtype][:2])
         count = sum(jobs[n] for n in names)
         notes.append(

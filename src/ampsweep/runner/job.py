@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import ampsweep
 from ampsweep import console
@@ -250,7 +251,7 @@ class Job:
             record_probe(job.recorder, setup)
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = folder_for(cfg, recorder.run_id)
-        checkpoints = loop.NoCheckpoints()
+        checkpoints: Any = loop.NoCheckpoints()  # a Checkpointer on rank 0; sharded: every rank
         if sharded.wanted(cfg):  # every rank writes its shards: one folder for all
             folder = sharded.agreed_folder(folder)
         weights = sharded.in_file if sharded.wanted(cfg) else None

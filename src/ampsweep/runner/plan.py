@@ -51,9 +51,10 @@ def plan(configs: list[Config], record: bool = True) -> list[PlannedJob]:
     """Check the typed jobs of a command together and resolve each once; open (create or
     migrate) each MLflow store once, here, before jobs in other processes write to it.
     Raises ConfigError (a config problem) or FaultError (the store cannot be written)."""
-    refused = {refuse_in_name("tracking.experiment", c.tracking.experiment) for c in configs}
-    if refused - {None}:
-        raise ConfigError(sorted(refused - {None})[0])
+    refused = [refuse_in_name("tracking.experiment", c.tracking.experiment) for c in configs]
+    first = min((r for r in refused if r is not None), default=None)
+    if first is not None:
+        raise ConfigError(first)
     configs = [components.resolve(c) for c in configs]
     preflight(configs)  # e.g. fp8 without torchao, or on a model it would not change
     if record:
@@ -118,7 +119,7 @@ class SweepChecks:
     launch_checks: Callable[[list[DictConfig], list[Config]], None]
     on_first: Callable[[list[DictConfig], list[Config]], None]
     on_more: Callable[[list[Config]], None]
-    planned: dict[int, PlannedJob] = field(default_factory=dict)
+    planned: dict[int | None, PlannedJob] = field(default_factory=dict)
     batches: int = 0
 
     def __call__(self, nodes: list[DictConfig]) -> None:

@@ -59,6 +59,7 @@ class Resumer:
             f"[bold]#{job.ctx.job_num} {job.name}[/]: skipped, the identical config FINISHED "
             f"as run {twin.info.run_name} ({run_id}); tracking.skip_finished=false reruns it"
         )
+        assert job.sweep is not None  # only a sweep's relaunch skips a job
         record_skip(job.sweep, job.ctx.job_num, run_id)
         return JobOutcome(job.name, store.FINISHED, run_id, skipped=True)
 

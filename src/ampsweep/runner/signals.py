@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import threading
+from typing import Any
 
 from ampsweep import console
 
@@ -35,7 +36,7 @@ class StopRequest:
         self.deferring = False
         self.requeue_signal = requeue_signal
         self._previous: dict = {}
-        self._submitit_handler = None
+        self._submitit_handler: Any = None
 
     def install(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
