@@ -1,8 +1,8 @@
 """Handing a command line to Hydra: read by Hydra's own parser (``hydra_args``), run as
 ``hydra.main`` runs an app (its help, the config, shell completion), a single run composed
 once (``composed_run``: the command plans the composed config, then Hydra runs it), and a
-sweep through Hydra's multirun with its errors (a malformed sweep, an unknown sweeper or launcher) and the sweep's
-refusal as one line each, exit 2.
+sweep through Hydra's multirun with its errors (a malformed sweep, an unknown sweeper or
+launcher) and the sweep's refusal as one line each, exit 2.
 """
 
 from __future__ import annotations
