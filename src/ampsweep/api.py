@@ -164,9 +164,13 @@ def sweep(
     report = build_report(store.client_for(info.uri), info.parent_run_id, baseline)
     runs = [_result(o) for o in command.outcomes if o.status == store.FINISHED]
     return SweepResult(
-        info.parent_run_id, report.rows, report.findings, runs, report.recommendation,
+        info.parent_run_id,
+        report.rows,
+        report.findings,
+        runs,
+        report.recommendation,
         report.summary,
-    )  # fmt: skip
+    )
 
 
 def _result(outcome: JobOutcome) -> TrainResult:

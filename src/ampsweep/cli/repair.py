@@ -69,11 +69,17 @@ def end_orphans(uri: str, root: Path) -> list[str]:
     ended = []
     experiments = [e.experiment_id for e in client.search_experiments()]
     for exp_id in experiments:
-        ended += [f"ended sweep {r} KILLED: its launcher is gone"
-                  for r in sweeps.end_orphaned_sweeps(client, exp_id)]  # fmt: skip
-    running = client.search_runs(
-        experiments, filter_string=f"attributes.status = '{store.RUNNING}'", max_results=10000
-    ) if experiments else []  # fmt: skip
+        ended += [
+            f"ended sweep {r} KILLED: its launcher is gone"
+            for r in sweeps.end_orphaned_sweeps(client, exp_id)
+        ]
+    running = (
+        client.search_runs(
+            experiments, filter_string=f"attributes.status = '{store.RUNNING}'", max_results=10000
+        )
+        if experiments
+        else []
+    )
     for run in running:
         tags = run.data.tags
         if tags.get(store.SWEEP) == "true":

@@ -72,9 +72,13 @@ def informational(parsed: argparse.Namespace | None) -> bool:
     """Hydra prints something (help, the config, completion) and trains nothing (None: a
     command line Hydra's parser refused)."""
     return parsed is None or bool(
-        parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion
+        parsed.help
+        or parsed.hydra_help
+        or parsed.cfg
+        or parsed.info
+        or parsed.shell_completion
         or parsed.experimental_rerun
-    )  # fmt: skip
+    )
 
 
 def run_hydra(
@@ -100,9 +104,12 @@ def run_hydra(
         # What hydra.main runs, given the command line read already (printing the config or
         # help)
         run_hydra_app(
-            args=parsed, args_parser=get_args_parser(), task_function=task,
-            config_path=str(config_dir()), config_name="config",
-        )  # fmt: skip
+            args=parsed,
+            args_parser=get_args_parser(),
+            task_function=task,
+            config_path=str(config_dir()),
+            config_name="config",
+        )
     except SystemExit as exc:  # Hydra exits on its own errors (already printed)
         return exc.code if isinstance(exc.code, int) else 1
     finally:
@@ -121,9 +128,12 @@ def _complete(parsed: argparse.Namespace, task: TaskFunction) -> int:
     try:
         with setenv("COMP_LINE", line):
             run_hydra_app(
-                args=parsed, args_parser=get_args_parser(), task_function=task,
-                config_path=str(config_dir()), config_name="config",
-            )  # fmt: skip
+                args=parsed,
+                args_parser=get_args_parser(),
+                task_function=task,
+                config_path=str(config_dir()),
+                config_name="config",
+            )
     finally:
         sys.argv[0] = argv0
     return 0
@@ -170,17 +180,21 @@ def _main_hydra(parsed: argparse.Namespace) -> Hydra:
     (ampsweep's, or --config-path), the user's --config-dir beside it. Raises ConfigError."""
     for flag, folder, holds in (
         ("--config-dir", parsed.config_dir, "your config groups, e.g. --config-dir ./conf"),
-        ("--config-path", parsed.config_path, "the primary config, e.g. --config-path "
-         "RUN_DIR/.hydra --config-name config"),
-    ):  # fmt: skip
+        (
+            "--config-path",
+            parsed.config_path,
+            "the primary config, e.g. --config-path RUN_DIR/.hydra --config-name config",
+        ),
+    ):
         if folder and not Path(folder).is_dir():
             raise ConfigError(f"{flag} {folder}: no such folder: give the folder of {holds}")
     search_path = create_automatic_config_search_path(
         None, None, parsed.config_path or str(config_dir())
     )
     if parsed.config_dir:
-        search_path.prepend("command-line", f"file://{parsed.config_dir}",
-                            anchor=SearchPathQuery(provider="schema"))  # fmt: skip
+        search_path.prepend(
+            "command-line", f"file://{parsed.config_dir}", anchor=SearchPathQuery(provider="schema")
+        )
     return Hydra.create_main_hydra2(task_name="ampsweep", config_search_path=search_path)
 
 
@@ -200,9 +214,13 @@ class SingleRun:
         callbacks.on_run_start(config=self.node, config_name=self.config_name)
         context = HydraContext(config_loader=self.hydra.config_loader, callbacks=callbacks)
         ret = run_job(
-            hydra_context=context, task_function=task, config=self.node,
-            job_dir_key="hydra.run.dir", job_subdir_key=None, configure_logging=True,
-        )  # fmt: skip
+            hydra_context=context,
+            task_function=task,
+            config=self.node,
+            job_dir_key="hydra.run.dir",
+            job_subdir_key=None,
+            configure_logging=True,
+        )
         callbacks.on_run_end(config=self.node, config_name=self.config_name, job_return=ret)
         _ = ret.return_value  # (Hydra's own way to raise what the job raised)
 

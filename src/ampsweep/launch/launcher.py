@@ -101,8 +101,9 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
     params = []
     for idx, overrides in enumerate(job_overrides):
         num = initial_job_idx + idx
-        params.append((list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
-                       Singleton.get_state()))  # fmt: skip
+        params.append(
+            (list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}", Singleton.get_state())
+        )
     jobs = _submit(executor, launcher, params)
     ours = isinstance(launcher.task_function, TaskFunction)
     tracked = [

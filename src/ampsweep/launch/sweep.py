@@ -60,8 +60,9 @@ def begin(configs: list[Config], args: list[str], sweep_dir: Path, label: str) -
 def grow(info: SweepInfo | None, configs: list[Config]) -> None:
     """A later batch of a search's trials (hydra/sweeper=optuna): the parent expects them."""
     if info is not None:
-        sweeps.grow(info, [default_run_name(c) for c in configs if not c.tracking.run_name],
-                    len(configs))  # fmt: skip
+        sweeps.grow(
+            info, [default_run_name(c) for c in configs if not c.tracking.run_name], len(configs)
+        )
 
 
 def finish(info: SweepInfo, interrupted: bool) -> SweepResult:

@@ -80,13 +80,15 @@ class NonfiniteLocator:
         origin = None
         try:
             for i, (x, y) in enumerate(view.micro_batches):
-                origin = replay(module, x, y, self.policy, self.objective,
-                                self.loss_weight * (scale or 1.0))  # fmt: skip
+                origin = replay(
+                    module, x, y, self.policy, self.objective, self.loss_weight * (scale or 1.0)
+                )
                 if origin is not None:
                     origin.micro_batch = i
                     if scale and scale > 1 and origin.kind in ("weight_grad", "input_grad"):
-                        unscaled = replay(module, x, y, self.policy, self.objective,
-                                          self.loss_weight)  # fmt: skip
+                        unscaled = replay(
+                            module, x, y, self.policy, self.objective, self.loss_weight
+                        )
                         origin.unscaled_too = unscaled is not None
                     break
         except HookError as err:  # the run goes on; its record says why it was not located
@@ -188,8 +190,7 @@ class GradientCheck:
         # On CUDA one fused launch takes one dtype (the others would go one kernel a tensor):
         # a single call there only where every tensor shares it.
         (device, *_), *rest = groups
-        if (len(flags) == 1 and plain and not self._grouped
-                and (device.type == "cpu" or not rest)):  # fmt: skip
+        if len(flags) == 1 and plain and not self._grouped and (device.type == "cpu" or not rest):
             self._single = flags[device]
         return any([_read(flag) for flag, _ in flags.values()])  # a list: every flag is reset
 

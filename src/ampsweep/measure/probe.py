@@ -95,8 +95,12 @@ class Range:
         return math.log2(FORMATS[fmt].max / self.absmax) if self.absmax > 0 else None
 
     def as_dict(self) -> dict:
-        return {"absmax": self.absmax, "minnz": self.minnz if self.nonzero else None,
-                "nonzero": self.nonzero, "nonfinite": self.nonfinite}  # fmt: skip
+        return {
+            "absmax": self.absmax,
+            "minnz": self.minnz if self.nonzero else None,
+            "nonzero": self.nonzero,
+            "nonfinite": self.nonfinite,
+        }
 
 
 @dataclass
@@ -151,8 +155,11 @@ class Probe:
         for m in self.modules:
             if m.kind != "Linear":
                 continue
-            for what, r, limit in (("weight", m.weight, e4m3), ("output", m.output, e4m3),
-                                   ("output gradient", m.output_grad, e5m2)):  # fmt: skip
+            for what, r, limit in (
+                ("weight", m.weight, e4m3),
+                ("output", m.output, e4m3),
+                ("output gradient", m.output_grad, e5m2),
+            ):
                 if r.absmax > limit:
                     out.append((m.name, what, r.absmax, limit))
         return out
@@ -214,12 +221,12 @@ class Probe:
             "summary": self.metrics(),
             "fp16_overflow": [
                 {"module": n, "absmax": v, "limit": FP16.max} for n, v in self.fp16_overflow()
-            ],  # fmt: skip
+            ],
             "update_lost": self.update_lost,
             "fp8_saturating_unscaled": [
                 {"module": n, "what": w, "absmax": v, "limit": lim}
                 for n, w, v, lim in self.fp8_saturating()
-            ],  # fmt: skip
+            ],
             "modules": [m.row() for m in self.modules],
         }
 
@@ -281,10 +288,14 @@ def probe(
     the run's, for the lost-update shares (none: not measured)."""
     measured = _measured(module)
     ranges = {n: ModuleRanges(n, type(m).__name__) for n, m in measured}
-    params = {n: p.detach().float().clone().requires_grad_(p.requires_grad)
-              for n, p in module.named_parameters()}  # fmt: skip
-    buffers = {n: b.detach().clone().float() if b.is_floating_point() else b.detach().clone()
-               for n, b in module.named_buffers()}  # fmt: skip
+    params = {
+        n: p.detach().float().clone().requires_grad_(p.requires_grad)
+        for n, p in module.named_parameters()
+    }
+    buffers = {
+        n: b.detach().clone().float() if b.is_floating_point() else b.detach().clone()
+        for n, b in module.named_buffers()
+    }
     owner = {n: n.rpartition(".")[0] for n in params}
     for n, p in params.items():
         if owner[n] in ranges:
@@ -370,7 +381,7 @@ def update_lost_shares(
             {
                 **{k: v for k, v in g.items() if k != "params"},
                 "params": [shadow[by_id[id(p)]] for p in g["params"]],
-            }  # fmt: skip
+            }
             for g in optimizer.param_groups
         ]
         shadow_opt = type(optimizer)(groups)

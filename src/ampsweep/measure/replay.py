@@ -155,8 +155,9 @@ class Origin:
 
     def write(self, folder: Path) -> Path:
         path = folder / Path(ARTIFACT).name
-        path.write_text(json.dumps({**asdict(self), "sentence": self.sentence(),
-                                    "fix": self.fix()}, indent=2))  # fmt: skip
+        path.write_text(
+            json.dumps({**asdict(self), "sentence": self.sentence(), "fix": self.fix()}, indent=2)
+        )
         return path
 
 
@@ -170,16 +171,27 @@ def from_gradients(module: torch.nn.Module, losses: list[torch.Tensor]) -> Origi
     gradient is bad (nothing to tell)."""
     if not all(bool(torch.isfinite(loss.detach()).all()) for loss in losses):
         return None
-    bad = [(n, p.grad) for n, p in module.named_parameters()
-           if p.grad is not None and not _sound(p.grad)]  # fmt: skip
+    bad = [
+        (n, p.grad)
+        for n, p in module.named_parameters()
+        if p.grad is not None and not _sound(p.grad)
+    ]
     if not bad:
         return None
     name, grad = bad[-1]
     owner = name.rpartition(".")[0]
     kind = type(module.get_submodule(owner)).__name__ if owner else type(module).__name__
-    return Origin(0, "weight_grad", owner, kind, param=name, value=_absmax(grad),
-                  dtype=FORMAT_OF.get(grad.dtype, ""), reproduced=False,
-                  bad_params=[n for n, _ in bad])  # fmt: skip
+    return Origin(
+        0,
+        "weight_grad",
+        owner,
+        kind,
+        param=name,
+        value=_absmax(grad),
+        dtype=FORMAT_OF.get(grad.dtype, ""),
+        reproduced=False,
+        bad_params=[n for n, _ in bad],
+    )
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -232,8 +244,9 @@ def replay(
     the origin of its first non-finite value, or None if it stayed finite. ``loss_weight``:
     what backward saw the loss multiplied by (the loss scale included)."""
     names = {id(m): n for n, m in module.named_modules()}
-    params = {n: p.detach().clone().requires_grad_(p.requires_grad)
-              for n, p in module.named_parameters()}  # fmt: skip
+    params = {
+        n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in module.named_parameters()
+    }
     buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
     calls: list[_Call] = []
     produced: dict[int, str] = {}  # id of an output tensor -> the module that made it
@@ -244,15 +257,22 @@ def replay(
     def forward_hook(mod, args, kwargs, out):
         name = names.get(id(mod), "")
         ins, outs = _tensors((args, kwargs)), _tensors(out)
-        call = _Call(name, mod, _finite(ins), _finite(outs), {id(t) for t in ins},
-                     outs[0].dtype if outs else None)  # fmt: skip
+        call = _Call(
+            name,
+            mod,
+            _finite(ins),
+            _finite(outs),
+            {id(t) for t in ins},
+            outs[0].dtype if outs else None,
+        )
         calls.append(call)
         for t in outs:
             produced.setdefault(id(t), name)
             keep.append(t)
             if t.requires_grad:
-                t.register_hook(lambda g, name=name: events.append(
-                    ("output", name, "", _sound(g), _absmax(g))))  # fmt: skip
+                t.register_hook(
+                    lambda g, name=name: events.append(("output", name, "", _sound(g), _absmax(g)))
+                )
         if call.inputs_finite and not call.output_finite and call.value is None:
             call.value = _fp32_magnitude(mod, args, kwargs, x.device.type)
 
@@ -267,8 +287,11 @@ def replay(
     for pname, p in params.items():
         if p.requires_grad:
             owner = pname.rpartition(".")[0]
-            p.register_hook(lambda g, owner=owner, pname=pname: events.append(
-                ("weight", owner, pname, _sound(g), _absmax(g))))  # fmt: skip
+            p.register_hook(
+                lambda g, owner=owner, pname=pname: events.append(
+                    ("weight", owner, pname, _sound(g), _absmax(g))
+                )
+            )
     devices = [x.device] if x.device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices):
@@ -293,8 +316,10 @@ def _fp32_magnitude(mod, args, kwargs, device_type: str) -> float | None:
     hold); None if that fails."""
     try:
         with torch.no_grad(), torch.autocast(device_type=device_type, enabled=False):
-            cast = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                    for a in args]  # fmt: skip
+            cast = [
+                a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args
+            ]
             out = mod(*cast, **kwargs)
         return max((float(t.abs().max()) for t in _tensors(out) if t.numel()), default=None)
     except Exception:  # a module that refuses fp32 inputs: the origin is named all the same
@@ -306,8 +331,15 @@ def _forward_origin(calls: list[_Call], loss: torch.Tensor) -> Origin | None:
         if call.inputs_finite and not call.output_finite:
             fmt = FORMAT_OF.get(call.output_dtype, str(call.output_dtype))
             limit = FORMATS[fmt].max if fmt in FORMATS else None
-            return Origin(0, "forward", call.name, type(call.module).__name__, dtype=fmt,
-                          value=call.value, limit=limit)  # fmt: skip
+            return Origin(
+                0,
+                "forward",
+                call.name,
+                type(call.module).__name__,
+                dtype=fmt,
+                value=call.value,
+                limit=limit,
+            )
     if not bool(torch.isfinite(loss.detach()).all()):
         return Origin(0, "loss", dtype=FORMAT_OF.get(loss.dtype, str(loss.dtype)))
     return None
@@ -320,16 +352,29 @@ def _backward_origin(events, calls: list[_Call], produced: dict[int, str], modul
         if sound:
             continue
         if kind == "weight":
-            return Origin(0, "weight_grad", name, types.get(name, ""), param=pname,
-                          dtype=dtypes.get(pname, ""), value=top)  # fmt: skip
+            return Origin(
+                0,
+                "weight_grad",
+                name,
+                types.get(name, ""),
+                param=pname,
+                dtype=dtypes.get(pname, ""),
+                value=top,
+            )
         # The gradient into ``name``'s output: made by the modules that consumed that output.
         made = {i for i, n in produced.items() if n == name}
         consumers = [c.name for c in calls if c.input_ids & made and c.name != name]
         consumers = [n for n in dict.fromkeys(consumers) if not _contains(n, name)]
         culprit = consumers[0] if consumers else name.rpartition(".")[0]
         dtype = next((FORMAT_OF.get(c.output_dtype, "") for c in calls if c.name == name), "")
-        return Origin(0, "input_grad", culprit, types.get(culprit, ""), dtype=dtype,
-                      consumers=consumers or [culprit])  # fmt: skip
+        return Origin(
+            0,
+            "input_grad",
+            culprit,
+            types.get(culprit, ""),
+            dtype=dtype,
+            consumers=consumers or [culprit],
+        )
     return None
 
 
