@@ -59,12 +59,19 @@ def add_parser(sub) -> None:
         "that failed or lost quality (written as an experiment); --verify runs fp32, the "
         "failing modes and the prescriptions as one sweep and says whether each fixed it.",
     )
-    p.add_argument("--modes", help="modes to examine, comma-separated (default: the "
-                   "precision=... override if given, else every half-precision mode this "
-                   "device runs)")  # fmt: skip
+    p.add_argument(
+        "--modes",
+        help="modes to examine, comma-separated (default: the "
+        "precision=... override if given, else every half-precision mode this "
+        "device runs)",
+    )
     p.add_argument("--verify", action="store_true", help="run the prescriptions as a sweep")
-    p.add_argument("--config-dir", "-cd", help="your config folder (also where the "
-                   "prescriptions are written; default outputs/doctor/conf)")  # fmt: skip
+    p.add_argument(
+        "--config-dir",
+        "-cd",
+        help="your config folder (also where the "
+        "prescriptions are written; default outputs/doctor/conf)",
+    )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_doctor)
 
@@ -118,8 +125,10 @@ class Doctor:
         unknown = [n for n in names if n not in modes.MODES or n == modes.BASELINE]
         if unknown:
             choices = ", ".join(m for m in modes.MODES if m != modes.BASELINE)
-            raise ConfigError(f"--modes {','.join(names)}: {unknown[0]} is not a mode to "
-                              f"examine: choose from {choices}")  # fmt: skip
+            raise ConfigError(
+                f"--modes {','.join(names)}: {unknown[0]} is not a mode to "
+                f"examine: choose from {choices}"
+            )
         return names
 
     def run(self, verify: bool) -> int:
@@ -130,8 +139,10 @@ class Doctor:
         runnable = [m for m in self.modes if device.type in modes.MODES[m].devices]
         preflight([self._load(self._precision(m)) for m in runnable])  # every refusal first
         for m in sorted(set(self.modes) - set(runnable)):
-            console.note(f"{m} does not run on {device.type}: left out (its fix: "
-                         f"precision={modes.MODES[m].fallback})")  # fmt: skip
+            console.note(
+                f"{m} does not run on {device.type}: left out (its fix: "
+                f"precision={modes.MODES[m].fallback})"
+            )
         label = f"{base_cfg.model.name} on {base_cfg.dataset.name}, {device.type}"
         say(f": {label}; modes: {', '.join(runnable)}", bold="ampsweep doctor")
         found = self._probe(base_cfg)
@@ -190,8 +201,13 @@ class Doctor:
         setup = build(cfg)
         batches = list(itertools.islice(setup.train_batches.epoch(0), PROBE_BATCHES))
         try:
-            found = probe(unwrap(setup.model), batches, setup.objective,
-                          setup.diagnostics.loss_weight, setup.optimizer)  # fmt: skip
+            found = probe(
+                unwrap(setup.model),
+                batches,
+                setup.objective,
+                setup.diagnostics.loss_weight,
+                setup.optimizer,
+            )
         except HookError as err:
             raise ConfigError(f"ampsweep doctor: {err}") from None
         least = found.forward_headroom("fp16")
@@ -202,10 +218,14 @@ class Doctor:
         if any(modes.MODES[m].fp8 for m in self.modes):
             sat = found.fp8_saturating()
             words.append(
-                "fp8: " + (", ".join(f"{n} {w} {v:.3g} > {lim:g}" for n, w, v, lim in sat[:3])
-                           + " unscaled (torchao scales each tensor first)" if sat
-                           else "every Linear layer within e4m3/e5m2 even unscaled")
-            )  # fmt: skip
+                "fp8: "
+                + (
+                    ", ".join(f"{n} {w} {v:.3g} > {lim:g}" for n, w, v, lim in sat[:3])
+                    + " unscaled (torchao scales each tensor first)"
+                    if sat
+                    else "every Linear layer within e4m3/e5m2 even unscaled"
+                )
+            )
         lost = found.update_lost.get("bf16", {}).get("(all)")
         if lost is not None:
             words.append(f"pure bf16 rounds away {lost:.1%} of the updates")
@@ -293,8 +313,11 @@ class Doctor:
             )
             if trial.held(base):
                 break
-        note = "or precision=bf16, which has fp32's range" if (
-            first.kind == "forward" and modes.MODES[mode].dtype == "fp16") else ""  # fmt: skip
+        note = (
+            "or precision=bf16, which has fp32's range"
+            if (first.kind == "forward" and modes.MODES[mode].dtype == "fp16")
+            else ""
+        )
         rx = Prescription(mode, problem, {"name": mode, "keep_fp32": keep}, note, trial)
         return rx
 
@@ -338,22 +361,33 @@ class Doctor:
                 "precision": p.precision,
                 "tracking": {"run_name": f"{p.option}-{cfg.model.name}-{cfg.dataset.name}"},
             }
-            header = (f"# @package _global_\n# precision={p.option}: written by ampsweep doctor "
-                      f"({stamp}) for {what}\n# {p.mode}: {p.problem}\n"
-                      f"# the same as: {' '.join(p.overrides)}\n")  # fmt: skip
+            header = (
+                f"# @package _global_\n# precision={p.option}: written by ampsweep doctor "
+                f"({stamp}) for {what}\n# {p.mode}: {p.problem}\n"
+                f"# the same as: {' '.join(p.overrides)}\n"
+            )
             text = header + OmegaConf.to_yaml(OmegaConf.create(body))
             (self.folder / "precision" / f"{p.option}.yaml").write_text(text)
         swept = ["fp32", *dict.fromkeys(p.mode for p in rx), *(p.option for p in rx)]
         rest, experiment = self._launch_overrides()
-        launch = ["ampsweep", "train", "-m", "--config-dir", str(self.folder),
-                  f"experiment={EXPERIMENT}", *rest]  # fmt: skip
+        launch = [
+            "ampsweep",
+            "train",
+            "-m",
+            "--config-dir",
+            str(self.folder),
+            f"experiment={EXPERIMENT}",
+            *rest,
+        ]
         command = " ".join(launch)
         sweep: dict[str, Any] = {"hydra": {"sweeper": {"params": {"precision": ",".join(swept)}}}}
         if experiment:  # the user's experiment first, then this sweep over it
             sweep = {"defaults": [experiment, "_self_"], **sweep}
-        header = (f"# @package _global_\n# experiment={EXPERIMENT}: written by ampsweep doctor "
-                  f"({stamp}) for {what}: fp32, the modes that failed and their prescriptions.\n"
-                  f"# Launch: {command}\n")  # fmt: skip
+        header = (
+            f"# @package _global_\n# experiment={EXPERIMENT}: written by ampsweep doctor "
+            f"({stamp}) for {what}: fp32, the modes that failed and their prescriptions.\n"
+            f"# Launch: {command}\n"
+        )
         path = self.folder / "experiment" / f"{EXPERIMENT}.yaml"
         path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(sweep)))
         say(f"written: {path} and {len(rx)} precision option(s) beside it")
@@ -377,8 +411,7 @@ class Doctor:
         runs = {precision_of(o.overrides): o for o in command.outcomes}
         base = runs.get("fp32")
         if base is None or base.status != store.FINISHED:
-            console.error("doctor --verify: the fp32 run of the sweep did not finish: "
-                          "no verdict")  # fmt: skip
+            console.error("doctor --verify: the fp32 run of the sweep did not finish: no verdict")
             return code or 1
         say("")
         say(" (the sweep's own runs, against its fp32 run):", bold="verdict")

@@ -201,8 +201,12 @@ def _check_saved_trust(
         return 0
     if not isinstance(saved, dict) or "defaults" in saved or "hydra" in saved:
         return 0  # a primary config the user wrote, not a saved one
-    folders = [Path(e.removeprefix("file://")).parent for e in search if "://" not in
-               e.removeprefix("file://")]  # the project a --config-dir belongs to  # fmt: skip
+    # the project a --config-dir belongs to
+    folders = [
+        Path(e.removeprefix("file://")).parent
+        for e in search
+        if "://" not in e.removeprefix("file://")
+    ]
     try:
         trust.check(saved, trust.Trust.here(named, folders), skip=trust.overridden(overrides))
     except ConfigError as err:

@@ -37,9 +37,18 @@ QUERY_TIMEOUT_S = 30
 # Job states after which a job runs no more (squeue -t all). A requeued job passes through
 # REQUEUED/PENDING, which are not here; PREEMPTED ends a job only where preemption cancels.
 ENDED = {
-    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-    "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT",
-}  # fmt: skip
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+    "REVOKED",
+    "SPECIAL_EXIT",
+}
 GONE = "GONE"  # squeue no longer knows the job: it ended longer ago than MinJobAge
 
 

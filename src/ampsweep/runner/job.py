@@ -296,9 +296,16 @@ class Job:
         known = {o.config["precision"]["name"]: o.summary["perf/wall_s"] for o in done}
         say = console.console.print if job.rank.is_main else (lambda text: None)
         return estimate.DurationEstimate(
-            job.name, cfg.precision.name, setup.total_steps, cfg.trainer.timing_warmup_steps,
-            later, known, estimate.cpu_flags(), setup.device.type == "cpu", say,
-        )  # fmt: skip
+            job.name,
+            cfg.precision.name,
+            setup.total_steps,
+            cfg.trainer.timing_warmup_steps,
+            later,
+            known,
+            estimate.cpu_flags(),
+            setup.device.type == "cpu",
+            say,
+        )
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         """Record metrics, and keep them for the job's outcome (the Python API returns them)."""
@@ -333,8 +340,14 @@ class Job:
                 recorder.log_artifact(hydra_dir, ".hydra")
             if setup.cfg.tracking.log_model:
                 model = snapshot(module, setup.val_batches)  # fp32, on the CPU, at once
-        outcome = JobOutcome(job.name, store.FINISHED, recorder.run_id, summary=summary,
-                             history=self.history, config=as_dict(setup.cfg))  # fmt: skip
+        outcome = JobOutcome(
+            job.name,
+            store.FINISHED,
+            recorder.run_id,
+            summary=summary,
+            history=self.history,
+            config=as_dict(setup.cfg),
+        )
         where = None
         if recorder.run_id is not None:
             where = f"MLflow run {recorder.run_id} in {store.describe(recorder.uri)}"
@@ -376,8 +389,13 @@ def record_probe(recorder, setup) -> None:
     tags and the numerics/probe.json and .md artifacts."""
     n = setup.cfg.diagnostics.numerics_batches
     batches = list(itertools.islice(setup.train_batches.epoch(0), n))
-    found = probe(distributed.unwrap(setup.model), batches, setup.objective,
-                  setup.diagnostics.loss_weight, setup.optimizer)  # fmt: skip
+    found = probe(
+        distributed.unwrap(setup.model),
+        batches,
+        setup.objective,
+        setup.diagnostics.loss_weight,
+        setup.optimizer,
+    )
     recorder.log_metrics(found.metrics(), 0)
     recorder.set_tags(found.tags())
     with tempfile.TemporaryDirectory() as tmp:
