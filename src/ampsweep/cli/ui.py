@@ -33,7 +33,8 @@ from ampsweep.tracking import store
 STARTUP_TIMEOUT_S = 120  # mlflow server imports a lot; on a loaded machine it is slow
 # MLflow 3's server also starts a job runner for its GenAI features (LLM judges, prompt
 # optimisation): eight more Python processes, each with its own imports at every start and
-# memory for the server's life, which training runs never use. Off unless the user's environment turns it on.
+# memory for the server's life, which training runs never use. Off unless the user's
+# environment turns it on.
 JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 # MLflow's basic-auth app: its config file, its first admin's password, the key for its forms.
 AUTH_CONFIG = "MLFLOW_AUTH_CONFIG_PATH"
