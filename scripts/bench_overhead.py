@@ -82,8 +82,8 @@ from ampsweep.engine import build, data, loop, models  # noqa: E402
 from ampsweep.engine.checkpoint import snapshot  # noqa: E402
 from ampsweep.engine.data.batches import epoch_order  # noqa: E402
 from ampsweep.engine.loop import fit  # noqa: E402
+from ampsweep.measure.cost import StepTimer  # noqa: E402
 from ampsweep.measure.numerics import NonfiniteWatch  # noqa: E402
-from ampsweep.measure.speed import StepTimer  # noqa: E402
 from ampsweep.precision import policy  # noqa: E402
 from ampsweep.precision.policy import found_inf  # noqa: E402
 from ampsweep.tracking import store as mlflow_store  # noqa: E402

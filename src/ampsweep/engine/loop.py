@@ -23,10 +23,9 @@ from ampsweep.engine import distributed, sharded
 from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.tasks import Objective, default_objective
-from ampsweep.measure import memory, names, speed
-from ampsweep.measure.memory import SavedTensorMeter, peak_memory
+from ampsweep.measure import cost, names
+from ampsweep.measure.cost import SavedTensorMeter, StepTimer, peak_memory
 from ampsweep.measure.numerics import NonfiniteWatch
-from ampsweep.measure.speed import StepTimer
 from ampsweep.precision.policy import PrecisionPolicy, found_inf
 
 LogFn = Callable[[dict[str, float], int], None]
@@ -398,10 +397,10 @@ def _measured(s: Setup, median_ms: float | None) -> dict[str, float]:
     x, y = next(iter(s.train_batches.epoch(0)))
     out = {}
     if median_ms:
-        step_flops = speed.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
-        out.update(speed.speed_metrics(step_flops, median_ms, s.device, s.policy))
+        step_flops = cost.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
+        out.update(cost.speed_metrics(step_flops, median_ms, s.device, s.policy))
     optimizer = s.optimizer
-    out.update(memory.capacity_metrics(module, optimizer, x, y, s.policy, s.objective, held))
+    out.update(cost.capacity_metrics(module, optimizer, x, y, s.policy, s.objective, held))
     return out
 
 

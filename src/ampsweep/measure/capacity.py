@@ -3,7 +3,7 @@
 A training step's memory is, to a good approximation, a part that does not depend on the batch
 (parameters, gradients, optimizer state, autocast's low-precision copies of the weights) plus
 the tensors autograd saves for backward, which grow linearly with the batch. Every run measures
-both (``measure.memory``), so the largest batch that fits a budget follows without trying it::
+both (``measure.cost``), so the largest batch that fits a budget follows without trying it::
 
     max batch = floor((budget - model bytes) / activation bytes per sample)
 

@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from ampsweep.config.schema import DiagnosticsConfig
-from ampsweep.measure.speed import LossFn, cross_entropy
+from ampsweep.measure.cost import LossFn, cross_entropy
 from ampsweep.precision.modes import FORMATS
 
 # |x| <= this rounds to 0 in fp16 (half of the smallest subnormal 2^-24)

@@ -174,7 +174,7 @@ def test_overflowing_steps_are_skipped_and_counted(quick, mode):
 def test_summary_speed_comes_from_the_median_step_time(quick, monkeypatch):
     """With every timed step taking 8 ms, 2 micro-batches of 32 samples per step run at
     64 / 0.008 s = 8,000 samples/s."""
-    from ampsweep.measure.speed import StepTimer
+    from ampsweep.measure.cost import StepTimer
 
     monkeypatch.setattr(StepTimer, "median_ms", lambda self: 8.0)
     summary, _ = fit(setup_for(quick, "trainer.batch_size=32", "trainer.grad_accum_steps=2"))

@@ -20,8 +20,7 @@ from ampsweep.engine.models.gpt import GPT
 from ampsweep.precision import modes
 from ampsweep.precision.modes import Dtype
 from ampsweep.precision.policy import build_policy
-from ampsweep.report import groups
-from ampsweep.report import rows as report_rows
+from ampsweep.report import stats, sweeps
 from ampsweep.report.model import RunData
 
 
@@ -137,7 +136,7 @@ def test_a_sharded_resume_may_change_the_ranks_that_share_the_same_global_batch(
 
 
 def test_held_memory_counts_a_dtensor_by_its_local_shard():
-    from ampsweep.measure.memory import model_memory
+    from ampsweep.measure.cost import model_memory
 
     model = nn.Linear(4, 4, bias=False)
     shard = torch.zeros(2, 4)
@@ -158,18 +157,18 @@ def _run(run_id: str, mode: str, reduce: str, ppl: float) -> RunData:
 def test_the_report_compares_fsdp_reductions_as_it_compares_modes():
     runs = [_run("a", "fp32", "fp32", 10.0), _run("b", "bf16", "fp32", 10.5),
             _run("c", "bf16", "bf16", 11.0)]  # fmt: skip
-    rows = {r.run_id: r for r in report_rows.compute_rows(runs)}
+    rows = {r.run_id: r for r in sweeps.compute_rows(runs)}
     assert rows["b"].baseline_run_id == rows["c"].baseline_run_id == "a"
     assert rows["b"].varies == "param_dtype=bf16 reduce_dtype=fp32"
     assert rows["c"].varies == "param_dtype=bf16 reduce_dtype=bf16"
     # Not merged as repeats of one configuration: one row each.
-    summarised = groups.summarise(report_rows.compute_rows(runs), runs)
+    summarised = stats.summarise(sweeps.compute_rows(runs), runs)
     assert [r.run_id for r in summarised] == ["a", "b", "c"]
 
 
 def test_a_rank_of_n_is_predicted_to_hold_one_nth_and_its_largest_gathered_block():
     from ampsweep.engine import capacity
-    from ampsweep.measure.memory import model_memory
+    from ampsweep.measure.cost import model_memory
 
     gpt = GPT(vocab_size=64, n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0)
     optimizer = torch.optim.AdamW(gpt.parameters())

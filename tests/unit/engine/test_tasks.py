@@ -15,7 +15,7 @@ from ampsweep.engine import loop
 from ampsweep.engine.build import build
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.tasks import Classification, LanguageModeling, Objective
-from ampsweep.measure import speed
+from ampsweep.measure import cost
 from ampsweep.measure.diagnostics import Diagnostics, reference_grads
 from ampsweep.precision.policy import build_policy
 
@@ -105,7 +105,7 @@ def test_flops_count_the_runs_own_loss():
         seen.append(logits.shape)
         return s.objective(logits, targets)
 
-    assert speed.train_step_flops(s.model, x, y, s.policy, loss=counted) > 0
+    assert cost.train_step_flops(s.model, x, y, s.policy, loss=counted) > 0
     assert seen == [(8, 16, 256)]  # the objective saw the model's sequence logits
 
 

@@ -16,7 +16,7 @@ from ampsweep.engine import build as train
 from ampsweep.engine import checkpoint, confighash, loop
 from ampsweep.engine.fp8 import check_fp8, plan
 from ampsweep.engine.models.vision import mlp
-from ampsweep.measure.speed import lookup_peak
+from ampsweep.measure.cost import lookup_peak
 from ampsweep.precision import modes, policy
 from ampsweep.precision.modes import Fp8Config
 

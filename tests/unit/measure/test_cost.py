@@ -1,6 +1,7 @@
-"""measure/speed.py: the median step time, with the warm-up steps left out; FLOPs of one
+"""measure/cost.py: the median step time, with the warm-up steps left out; FLOPs of one
 training step (counted, not assumed), the GPU peak table, and the speed metrics TFLOPS and MFU
-on numbers worked out by hand."""
+on numbers worked out by hand; the saved-tensor meter (activation memory) and the peak memory
+numbers."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from ampsweep.config import compose as config
 from ampsweep.engine import build as train
 from ampsweep.engine import loop
-from ampsweep.measure import speed
-from ampsweep.measure.speed import StepTimer
+from ampsweep.measure import cost
+from ampsweep.measure.cost import SavedTensorMeter, StepTimer
 from ampsweep.precision.modes import PrecisionConfig
 from ampsweep.precision.policy import build_policy
 
@@ -20,7 +21,7 @@ def test_the_median_leaves_out_the_warm_up_steps(monkeypatch):
     # Five steps, the first two warm-up (the clock is not even read); the other three take 5,
     # 9 and 7 ms, so the median is 7 ms.
     ticks = iter([0.0, 0.005, 1.0, 1.009, 2.0, 2.007])
-    monkeypatch.setattr(speed.time, "perf_counter", lambda: next(ticks, 9.0))
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: next(ticks, 9.0))
     timer = StepTimer(torch.device("cpu"), warmup=2)
     for _ in range(5):
         timer.start()
@@ -50,8 +51,8 @@ def test_train_step_flops_of_a_linear_layer_match_the_formula():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5))
     x, y = torch.randn(8, 3, 2, 2), torch.randint(0, 5, (8,))
     # forward 2*B*in*out; backward: grad of the weight (2*B*in*out) only, the input needs none
-    assert speed.train_step_flops(model, x, y, policy("fp32")) == 2 * (2 * 8 * 12 * 5)
-    three = speed.train_step_flops(model, x, y, policy("fp32"), micro_batches=3)
+    assert cost.train_step_flops(model, x, y, policy("fp32")) == 2 * (2 * 8 * 12 * 5)
+    three = cost.train_step_flops(model, x, y, policy("fp32"), micro_batches=3)
     assert three == 3 * 2 * (2 * 8 * 12 * 5)
 
 
@@ -64,7 +65,7 @@ def test_counting_leaves_the_run_state_alone():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = torch.randn(5, 1, 8, 8), torch.randint(0, 3, (5,))
     rng = torch.get_rng_state()
-    assert speed.train_step_flops(model, x, y, policy("bf16")) > 0
+    assert cost.train_step_flops(model, x, y, policy("bf16")) > 0
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())
@@ -90,20 +91,20 @@ def test_counting_leaves_the_run_state_alone():
     ],
 )
 def test_known_gpus_are_found(name, label):
-    assert speed.lookup_peak(name)[0] == label
+    assert cost.lookup_peak(name)[0] == label
 
 
 @pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA GH200 480GB", "NVIDIA B300", "Mystery"])
 def test_unknown_or_different_parts_get_no_peak(name):
-    assert speed.lookup_peak(name) is None
+    assert cost.lookup_peak(name) is None
 
 
 def test_peaks_are_dense_and_per_dtype():
-    h200 = speed.lookup_peak("NVIDIA H200")[1]
+    h200 = cost.lookup_peak("NVIDIA H200")[1]
     assert (h200.fp32, h200.tf32, h200.bf16) == (67.0, 494.5, 989.5)
-    a100 = speed.lookup_peak("NVIDIA A100-SXM4-40GB")[1]
+    a100 = cost.lookup_peak("NVIDIA A100-SXM4-40GB")[1]
     assert (a100.fp32, a100.tf32, a100.fp16, a100.bf16) == (19.5, 156.0, 312.0, 312.0)
-    assert speed.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
+    assert cost.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
 
 
 def test_math_kind_follows_the_mode():
@@ -116,7 +117,7 @@ def test_math_kind_follows_the_mode():
 
 
 def test_speed_metrics_on_cpu_have_tflops_but_no_mfu():
-    out = speed.speed_metrics(2 * 10**12, 500.0, CPU, policy("fp32"))
+    out = cost.speed_metrics(2 * 10**12, 500.0, CPU, policy("fp32"))
     assert out["perf/tflops"] == pytest.approx(4.0)
     assert "perf/mfu" not in out
 
@@ -127,7 +128,7 @@ def test_a_run_records_tflops_of_its_known_flops_over_its_step_time(quick, monke
     same again for the weight gradients plus 2*64*(32*32 + 32*10) = 172,032 for the input
     gradients of the two upper layers: 1,040,384 per micro-batch, 2,080,768 per step. At 8 ms
     a step that is 2,080,768 / 0.008 s = 2.60096e8 FLOP/s = 2.60096e-4 TFLOPS."""
-    from ampsweep.measure.speed import StepTimer
+    from ampsweep.measure.cost import StepTimer
 
     monkeypatch.setattr(StepTimer, "median_ms", lambda self: 8.0)
     cfg = config.load([
@@ -144,12 +145,59 @@ def test_mfu_divides_by_the_peak_of_the_gpu_and_the_modes_math(monkeypatch):
     # 494.5 TFLOPS is the H200's dense TF32 peak; bf16 runs against 989.5.
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     cuda = torch.device("cuda", 0)
-    out = speed.speed_metrics(98_900_000_000, 1000.0, cuda, policy("bf16"))  # 0.0989 TFLOPS
+    out = cost.speed_metrics(98_900_000_000, 1000.0, cuda, policy("bf16"))  # 0.0989 TFLOPS
     assert out["perf/tflops"] == pytest.approx(0.0989)
     assert out["perf/mfu"] == pytest.approx(0.0989 / 989.5)
-    unknown = speed.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
+    unknown = cost.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Mystery GPU")
-    assert "perf/mfu" not in speed.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
+    assert "perf/mfu" not in cost.speed_metrics(10**12, 1000.0, cuda, policy("fp32"))
     assert unknown["perf/mfu"] == pytest.approx(1.0 / 67.0)  # H200 fp32: 67 TFLOPS
-    assert speed.speed_metrics(0, 10.0, cuda, policy("fp32")) == {}
-    assert speed.speed_metrics(10**9, None, cuda, policy("fp32")) == {}
+    assert cost.speed_metrics(0, 10.0, cuda, policy("fp32")) == {}
+    assert cost.speed_metrics(10**9, None, cuda, policy("fp32")) == {}
+
+
+def test_saved_tensor_meter_counts_saved_activations_not_parameters():
+    layer = torch.nn.Linear(100, 50)
+    meter = SavedTensorMeter(layer)
+    x = torch.randn(32, 100)
+    with meter.record():
+        layer(x).sum()
+    # Linear saves its input for the weight gradient: 32 x 100 fp32; the weight is a parameter.
+    assert meter.bytes == 32 * 100 * 4
+    assert meter.mib == 32 * 100 * 4 / 2**20
+    with meter.record(enabled=False):
+        layer(x).sum()
+    assert meter.bytes == 32 * 100 * 4  # a disabled record leaves the count alone
+
+
+def test_a_tensor_saved_twice_is_counted_once():
+    x = torch.randn(16, 8, requires_grad=True)
+    meter = SavedTensorMeter(torch.nn.Identity())
+    with meter.record():
+        (x * x).sum()  # mul saves both operands: the same storage
+    assert meter.bytes == 16 * 8 * 4
+
+
+def test_a_resumed_run_keeps_what_its_first_step_measured():
+    assert SavedTensorMeter(torch.nn.Identity(), measured_bytes=1234).bytes == 1234
+
+
+def test_half_precision_halves_activation_memory_of_the_cnn(quick):
+    mib = {}
+    for mode in ("fp32", "fp16", "bf16"):
+        cfg = config.load([*quick, "tracking=none", f"precision={mode}", "trainer.max_steps=1"])
+        mib[mode] = loop.fit(train.build(cfg), lambda m, s: None)["mem/activation_mib"]
+    assert mib["fp32"] > 0
+    for mode in ("fp16", "bf16"):
+        assert 0.4 < mib[mode] / mib["fp32"] <= 0.6, mib
+
+
+def test_peak_memory_on_cpu_is_the_process_rss(monkeypatch):
+    import resource
+
+    class Usage:
+        ru_maxrss = 2048 * 1024  # KiB on Linux: 2 GiB
+
+    monkeypatch.setattr(resource, "getrusage", lambda who: Usage())
+    monkeypatch.setattr(cost.sys, "platform", "linux")
+    assert cost.peak_memory(torch.device("cpu")) == {"mem/peak_rss_mib": 2048.0}
