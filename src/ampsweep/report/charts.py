@@ -30,7 +30,7 @@ def _label(row: Row, rows: list[Row]) -> str:
 def _errors(rows: list[Row], key: str):
     """Error bars: each bar's 95% interval over repeats (none for a single run), as matplotlib's
     2 x N (below, above) distances; None when no bar has one. The intervals are already cut
-    at their quantity's bounds (``groups.BOUNDS``): none reaches below zero."""
+    at their quantity's bounds (``stats.BOUNDS``): none reaches below zero."""
     below, above = [], []
     for r in rows:
         est, value = r.ci.get(key), getattr(r, key)
@@ -200,16 +200,16 @@ def time_to_quality(report: Report, path: Path) -> Path | None:
     """Validation quality against wall time since each run started, a line per run in its
     mode's colour, and the time-to-quality target as a dashed line: which mode gets there
     first, and whether it does at all."""
-    runs = [r for r in report.runs if r.status == FINISHED and quality.metric_of(r)]
+    runs = [r for r in report.runs if r.status == FINISHED and quality.score_of(r)]
     if not runs:
         return None
     rows = {r.run_id: r for r in report.rows}
     group_of = {m: s for s in report.summary for m in s.members}
-    metric = quality.metric_of(runs[0])
+    score = quality.score_of(runs[0])
     fig, ax = _figure(figsize=(8, 4.5))
     labelled = set()
     for run in runs:
-        points = sorted(run.timeline.get(metric, []), key=lambda e: e[2])
+        points = sorted(run.timeline.get(score.name, []), key=lambda e: e[2])
         if not points:
             continue
         seconds = [max(0.0, (stamp - run.started_ms) / 1000) for _, _, stamp in points]
@@ -229,8 +229,8 @@ def time_to_quality(report: Report, path: Path) -> Path | None:
         words = next(iter(report.targets.values()), "")
         ax.axhline(targets.pop(), color="grey", linestyle="--", label=f"target: {words}")
     ax.set_xlabel("wall time since the run started (s)")
-    ax.set_ylabel("validation perplexity (lower is better)" if metric == quality.PPL
-                  else "validation accuracy")  # fmt: skip
+    lower = "" if score.higher_is_better else " (lower is better)"
+    ax.set_ylabel(f"validation {score.label}{lower}")
     ax.set_title("Time to quality: validation quality against wall time")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

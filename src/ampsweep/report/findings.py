@@ -1,26 +1,32 @@
 """The report's findings: plain-language conclusions, each with the numbers behind it.
 
-Here: the single-run comparisons with the baseline (speed, memory, accuracy, perplexity), time
-to quality, contended timings, capacity, fp8 and the hardware's caveats, and ``findings``,
-which gathers every finding in the report's order. The verdicts over repeats (95% intervals)
-are ``report.verdicts``; gradient underflow and fp16 without a scaler, ``report.underflow``;
-what went wrong numerically (where a run's first inf/NaN began, an unhealthy loss scale, the
-numerics probe's verdicts), ``report.numerics``. Which modes a finding speaks of is asked of
-the mode table (``report.criteria``), and so are the tolerances of "held".
+Here: the comparisons with the baseline (speed, memory; over repeats each a verdict on the 95%
+interval of the paired comparison, ``report.stats``), time to quality, contended timings,
+capacity, fp8 and the hardware's caveats, and ``findings``, which gathers every finding in the
+report's order. A mode's score against the baseline's is ``report.quality``'s; what went wrong
+numerically (where a run's first inf/NaN began, an unhealthy loss scale), ``report.numerics``;
+the numerics probe and gradient underflow, ``report.probe``. Which modes a finding speaks of is
+asked of the mode table (``model.is_mode``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ampsweep.config.score import KNOWN
 from ampsweep.measure import contention
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import numerics
-from ampsweep.report.criteria import ACC_TOLERANCE, LEARNT, PPL_TOLERANCE, is_mode
-from ampsweep.report.model import Row, is_number, times
-from ampsweep.report.underflow import noscale_findings, underflow_findings
-from ampsweep.report.verdicts import WEIGHT_COPIES, interval_findings, pts, ratio_of
+from ampsweep.report import numerics, quality, stats
+from ampsweep.report.model import Row, how_much, is_mode, is_number, ratio_range, times
+from ampsweep.report.probe import noscale_findings, underflow_findings
 from ampsweep.tracking.store import FINISHED
+
+# Autocast saves half-precision copies of the weights for backward; on a model whose
+# activations are small next to its weights, those copies dominate.
+WEIGHT_COPIES = (
+    "Autocast keeps half-precision copies of the weights for backward, which outweigh the "
+    "activations on a model this small."
+)
 
 
 def describe_device(tags: dict[str, str]) -> str:
@@ -61,7 +67,7 @@ def findings(
     targets: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Plain-language conclusions, each with the numbers behind it. ``rows``: one per
-    configuration and mode (repeats summarised, ``report.groups``); a verdict over repeats
+    configuration and mode (repeats summarised, ``report.stats``); a verdict over repeats
     carries its 95% interval. ``budget``: the max batch column's memory, in words;
     ``targets``: each configuration's time-to-quality target, in words (``report.quality``).
     A contended run's speed is left out of every speed verdict (``_contention_findings``)."""
@@ -75,6 +81,7 @@ def findings(
         suffix = f" ({where})" if len(groups) > 1 else ""
         if any(r.n > 1 for r in group):
             out.extend(interval_findings(group, baseline_mode, suffix, device))
+            out.extend(quality.interval_findings(group, baseline_mode, suffix))
         else:
             out.extend(_group_findings(group, baseline_mode, suffix))
         if targets and where in targets:
@@ -97,9 +104,11 @@ def findings(
         if r.status != FINISHED:
             out.append(f"{r.name} ended {r.status}: {r.error or 'no error recorded'}.")
     if any(r.precision != baseline_mode for r in compared) and all(r.n == 1 for r in compared):
+        moves = quality.label(compared)
+        moves = "accuracy by a few tenths of a point" if moves == "accuracy" else f"{moves} too"
         out.append(
-            "Each verdict here rests on a single run per mode: a rerun moves accuracy by a few "
-            "tenths of a point and, on a shared machine, speed by tens of percent. "
+            f"Each verdict here rests on a single run per mode: a rerun moves {moves} and, on a "
+            "shared machine, speed by tens of percent. "
             "sweep.repeats=3 (or more) repeats every mode with other seeds and gives each "
             "comparison a 95% confidence interval."
         )
@@ -147,65 +156,96 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
             f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB "
             f"({best.peak_ratio:.2f}x {base})."
         )
-    accs = [r for r in group if is_number(r.acc_delta) and r.precision != base]
-    if accs:
-        base_acc = accs[0].val_acc - accs[0].acc_delta
-        held = [r for r in accs if abs(r.acc_delta) <= ACC_TOLERANCE]
-        lost = [r for r in accs if r.acc_delta < -ACC_TOLERANCE]
-        gained = [r for r in accs if r.acc_delta > ACC_TOLERANCE]
-        if held:
-            listing = ", ".join(f"{r.precision} {r.val_acc:.3f}" for r in held)
-            out.append(
-                f"Accuracy held{where} within {ACC_TOLERANCE * 100:.1f} points of {base}'s "
-                f"{base_acc:.3f}: {listing}."
-            )
-        for r in lost:
-            out.append(
-                f"Accuracy dropped{where} for {r.precision}: {r.val_acc:.3f} "
-                f"({pts(r.acc_delta)} vs {base})."
-            )
-        for r in gained:
-            out.append(
-                f"Accuracy rose{where} for {r.precision}: {r.val_acc:.3f} "
-                f"({pts(r.acc_delta)} vs {base}; at this run length that is noise, not a gain)."
-            )
-    out.extend(_perplexity_findings(group, base, where))
+    out.extend(quality.findings(group, base, where))
     return out
 
 
-def _perplexity_findings(group: list[Row], base: str, where: str) -> list[str]:
-    """Language models: perplexity against the baseline's, and against the unigram baseline
-    of the same text (what predicting each token from its frequency alone achieves)."""
-    ppls = [r for r in group if is_number(r.ppl_ratio) and r.precision != base]
-    if not ppls:
-        return []
+# ---------------------------------------------------------------- over repeats
+
+
+def _on(device: dict[str, str]) -> str:
+    kind = device.get("device")
+    return {"cpu": " on this CPU", "cuda": " on this GPU"}.get(kind, "")
+
+
+def ratio_of(r: Row, name: str, vs: str = "") -> str:
+    """``0.16x (0.15-0.17x), n=3`` (``0.52x in all 3 runs``; ``0.16x, a single run``);
+    ``vs``: what it is a ratio to, after the value."""
+    value, est = getattr(r, name), r.ci.get(name)
+    if est is None or not est.has_interval:
+        return f"{ratio_range(value, None)}{vs}, a single run"
+    if est.half_width == 0:
+        every = "both runs" if est.n == 2 else f"all {est.n} runs"
+        return f"{ratio_range(value, None)}{vs} in {every}"
+    return f"{ratio_range(value, est)}{vs}, n={est.n}"
+
+
+def _speed(r: Row, base: str, on: str) -> str:
+    """One mode's speed against the baseline: ``fp16 is 25x slower than fp32 on this CPU
+    (0.04x (0.03-0.05x), n=3)``; a wide interval is named as such, with the runs it needs."""
+    est = r.ci.get("speedup")
+    verdict = stats.compare(est, 1.0)
+    shown = ratio_of(r, "speedup")
+    if stats.wide(est, stats.PRECISION_WANTED, ratio=True):
+        within = f"within {stats.PRECISION_WANTED:.0%}"
+        why = stats.too_wide(est, stats.PRECISION_WANTED, True, within)
+        words = how_much(r.speedup)
+        than = "as fast as" if words == "as fast" else f"{words} than"
+        return f"{r.precision} ran {than} {base}{on} in the mean ({shown}), but {why}"
+    if verdict in ("lower", "higher"):
+        words = how_much(r.speedup)
+        if words == "as fast":
+            words = "slightly slower" if verdict == "lower" else "slightly faster"
+        return f"{r.precision} is {words} than {base}{on} ({shown})"
+    return f"{r.precision} {SPEED_WORDS[verdict]} {base}{on} ({shown})"
+
+
+# What the interval of a paired comparison says (``stats.compare``; None: a single run)
+SPEED_WORDS = {
+    "lower": "is slower than",
+    "higher": "is faster than",
+    "indistinguishable": "is indistinguishable in speed from",
+    None: "compares with",
+}
+
+
+def interval_findings(group: list[Row], base: str, where: str, device: dict) -> list[str]:
+    """Speed and memory against the baseline, each a verdict on the 95% interval of the paired
+    comparison: a mode is faster only when the whole interval says so, else it is
+    indistinguishable from the baseline at this number of repeats."""
     out = []
-    base_ppl = ppls[0].val_ppl / ppls[0].ppl_ratio
-    unigram = next((r.unigram_ppl for r in group if is_number(r.unigram_ppl)), None)
-    if unigram:
-        verdict = "learnt well below it" if base_ppl < LEARNT * unigram else "is not far below it"
+    others = [r for r in group if r.precision != base]
+    speed = [
+        _speed(r, base, _on(device))
+        for r in others
+        if is_number(r.speedup) and not r.emulated and not r.contended
+    ]
+    if speed:
+        out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
+    act = [r for r in others if is_number(r.activation_ratio)]
+    if act:
+        best = min(act, key=lambda r: r.activation_ratio)
+        base_mib = best.activation_mib / best.activation_ratio
+        saved = best.activation_ratio < 1
+        less = f"; {(1 - best.activation_ratio) * 100:.0f}% less" if saved else ""
+        head = "Most activation memory saved" if saved else "No mode saved activation memory"
+        why = "" if saved else f" {WEIGHT_COPIES}"
         out.append(
-            f"{base} reached validation perplexity {base_ppl:.3f}{where}; predicting each token "
-            f"from its frequency alone (the unigram baseline of the same text) gives "
-            f"{unigram:.3f}: the model {verdict}."
+            f"{head}{where}: {best.precision}, {best.activation_mib:.2f} MiB per step vs "
+            f"{base_mib:.2f} MiB for {base} ({ratio_of(best, 'activation_ratio')}{less}).{why}"
         )
-    held = [r for r in ppls if abs(r.ppl_ratio - 1.0) <= PPL_TOLERANCE]
-    if held:
-        listing = ", ".join(f"{r.precision} {r.val_ppl:.3f}" for r in held)
+    peak = [r for r in others if is_number(r.peak_ratio)]
+    if peak:
+        best = min(peak, key=lambda r: r.peak_ratio)
         out.append(
-            f"Perplexity held{where} within {PPL_TOLERANCE:.0%} of {base}'s {base_ppl:.3f}: "
-            f"{listing}."
+            f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB vs "
+            f"{best.peak_mib / best.peak_ratio:,.0f} MiB for {base} "
+            f"({ratio_of(best, 'peak_ratio')})."
         )
-    for r in ppls:
-        change = f"{(r.ppl_ratio - 1.0) * 100:+.1f}% vs {base}"
-        if r.ppl_ratio > 1.0 + PPL_TOLERANCE:
-            out.append(f"Perplexity rose{where} for {r.precision}: {r.val_ppl:.3f} ({change}).")
-        elif r.ppl_ratio < 1.0 - PPL_TOLERANCE:
-            out.append(
-                f"Perplexity fell{where} for {r.precision}: {r.val_ppl:.3f} ({change}; at this "
-                "run length that is noise, not a gain)."
-            )
     return out
+
+
+# ---------------------------------------------------------------- every report
 
 
 def _contention_findings(done: list[Row]) -> list[str]:
@@ -308,7 +348,7 @@ def _fp8_findings(done: list[Row]) -> list[str]:
             out.append(
                 f"{r.name} ran in torchao's fp8 emulation (precision.fp8.emulate=true): its fp8 "
                 "matmuls were computed in higher precision, so its speed means nothing; its "
-                f"accuracy and memory show what fp8 does to this model; {share}."
+                f"{quality.label([r])} and memory show what fp8 does to this model; {share}."
             )
         else:
             out.append(f"{r.name}: {share}; fp8 can speed up only that share.")
@@ -328,6 +368,9 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
     rel = f" ({rel})" if rel else ""
     kind = device.get("device")
     if kind == "cpu":
+        scores = {r.score.name for r in compared if r.score is not None}
+        held = "accuracy (for a language model, perplexity)"  # the tasks ampsweep ships
+        held = held if scores <= set(KNOWN) else quality.label(compared)
         isa = [f for f in device.get("cpu_half_isa", "none").split(",") if f and f != "none"]
         has = (
             ("native half-precision instructions " + ", ".join(isa))
@@ -338,7 +381,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
             f"This CPU has no tensor cores and {has}, so its timings of half precision{rel} "
             "say little about a GPU: the speed-ups of mixed precision belong to GPUs with "
             "tensor cores. What carries over from a CPU run is the activation memory saved and "
-            "whether accuracy (for a language model, perplexity) held."
+            f"whether {held} held."
         ]
     cap = _capability(device)
     if kind == "cuda" and cap is not None and cap < 7.0:

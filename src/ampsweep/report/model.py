@@ -1,16 +1,58 @@
-"""What a report is made of: the runs read from the store, one row per run, the report."""
+"""What a report is made of: the runs read from the store, one row per run, the report; a mean
+over repeats with its interval (``Estimate``); and the words and numbers every part shares."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from ampsweep.report.stats import Estimate
+from ampsweep.config.score import Score, from_tags
+from ampsweep.precision import modes
 from ampsweep.tracking.store import PRECISION
 
 
 def is_number(x) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
+
+
+def parse_number(text: str | None) -> float | None:
+    """A number from a tag's or a param's text; None for anything else (inf, nan included)."""
+    try:
+        value = float(text or "")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def is_mode(name: str, test) -> bool:
+    """Whether the mode called ``name`` passes ``test`` (a mode the table lacks never does):
+    which modes a finding speaks of is asked of the mode table."""
+    mode = modes.get(name)
+    return mode is not None and test(mode)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over ``n`` runs and its confidence interval (``low``/``high`` are None when
+    ``n`` is 1: one run has no spread to estimate; ``report.stats`` makes them)."""
+
+    mean: float
+    low: float | None
+    high: float | None
+    n: int
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval's width (``mean +/- half_width`` for a symmetric interval)."""
+        return (self.high - self.low) / 2 if self.has_interval else None
+
+    def contains(self, value: float) -> bool:
+        return self.has_interval and self.low <= value <= self.high
 
 
 def percent(x: float) -> str:
@@ -70,6 +112,11 @@ class RunData:
     def precision(self) -> str:
         return self.tags.get(PRECISION) or self.params.get("precision.name", "?")
 
+    @cached_property
+    def score(self) -> Score | None:
+        """The task's score the run recorded (for an older run: by the metric it logged)."""
+        return from_tags(self.tags, self.metrics)
+
 
 @dataclass
 class Row:
@@ -82,6 +129,13 @@ class Row:
     job: str | None = None
     baseline: str | None = None  # the baseline run's name; None: no baseline (see note)
     baseline_run_id: str | None = None
+    # The task's score (what the findings, the recommendation and time to quality judge by),
+    # its final value, and its change against the baseline's in the unit of its tolerance:
+    # the difference, or for a relative score (perplexity) the share (0.02: 2% higher).
+    score: Score | None = None
+    quality: float | None = None
+    quality_change: float | None = None
+    # The known scores as their own columns: accuracy, perplexity
     val_acc: float | None = None
     acc_delta: float | None = None  # fraction (0.01 = one point)
     # Language models report perplexity instead of accuracy (lower is better).
@@ -114,10 +168,11 @@ class Row:
     num_classes: int | None = None  # the data's classes (its data.num_classes tag): chance level
     emulated: bool = False  # an fp8 mode in torchao's emulation: its speed means nothing
     fp8_flop_share: float | None = None  # share of the FLOPs in layers converted to fp8
-    # What went wrong numerically (read by ``report.numerics_fields``). Where the first
-    # inf/NaN began, as the run located it: the step, the kind (forward, loss, weight_grad,
-    # input_grad, not_reproduced), the module, the sentence and the fix; ``nonfinite_runs``:
-    # how many of the row's runs had one (the other fields are the first such run's).
+    # What went wrong numerically (read by ``report.sweeps``, judged by ``report.numerics``).
+    # Where the first inf/NaN began, as the run located it: the step, the kind (forward, loss,
+    # weight_grad, input_grad, not_reproduced), the module, the sentence and the fix;
+    # ``nonfinite_runs``: how many of the row's runs had one (the other fields are the first
+    # such run's).
     nonfinite_step: int | None = None
     nonfinite_kind: str = ""
     nonfinite_module: str = ""

@@ -11,10 +11,10 @@ Three kinds of facts a run records feed these findings:
   fp32 before training, against each format's range (``precision.modes.FORMATS``); a pure
   mode's run also measures the updates its own steps round away.
 
-``report.numerics_fields`` reads them into a run's row and keeps them for a row of repeats;
-``findings`` here says what is wrong, each in a sentence or two with its numbers and its fix
-(the config changes it proposes: ``report.fixes``). A healthy scaler gets no finding; the
-probe's verdicts are ``report.probe``'s: where nothing rules a half mode out, it says which
+``report.sweeps`` reads them into a run's row and ``report.stats`` keeps them for a row of
+repeats; ``findings`` here says what is wrong, each in a sentence or two with its numbers and
+its fix (the config changes it proposes: ``report.probe``). A healthy scaler gets no finding;
+the probe's verdicts are ``report.probe``'s: where nothing rules a half mode out, it says which
 half modes are safe.
 """
 
@@ -24,10 +24,14 @@ from ampsweep.measure.names import (
     RUN_UPDATE_LOST,
 )
 from ampsweep.precision import modes
-from ampsweep.report.criteria import UPDATE_TOLERANCE
-from ampsweep.report.fixes import autocast_mode, scale_text, wide_range_fix
 from ampsweep.report.model import Row, is_number, percent
-from ampsweep.report.probe import probe_findings
+from ampsweep.report.probe import (
+    UPDATE_TOLERANCE,
+    autocast_mode,
+    probe_findings,
+    scale_text,
+    wide_range_fix,
+)
 from ampsweep.tracking.store import FAILED
 
 # A dynamic scaler skips a step at each overflow: a few while it backs off from its initial
@@ -45,7 +49,7 @@ def findings(rows: list[Row]) -> list[str]:
     return [
         *origin_findings(rows),
         *scale_findings(rows),
-        *probe_findings(rows, _troubled),
+        *probe_findings(rows, troubled),
         *update_findings(rows),
     ]
 
@@ -198,10 +202,10 @@ def went_wrong(r: Row) -> bool:
     the scaler's job)."""
     mode = modes.get(r.precision)
     unscaled = mode is None or not mode.scaler
-    return r.diverged or _troubled(r) or (unscaled and r.nonfinite_runs > 0)
+    return r.diverged or troubled(r) or (unscaled and r.nonfinite_runs > 0)
 
 
-def _troubled(r: Row) -> bool:
+def troubled(r: Row) -> bool:
     """Whether the run itself went wrong numerically (the findings above say how): then its
     mode is not safe here, whatever the probe saw before training (a faulty kernel, updates
     lost late in training, are beyond what the probe measures)."""

@@ -1,11 +1,20 @@
-"""The numerics probe's verdicts (``diagnostics.numerics=true``): where fp16 overflows in the
-forward pass, how much of the gradient it would flush without a scaler, the updates a pure
-half-precision model would round away, and which half modes nothing rules out; each with its
-numbers and its fix."""
+"""What the numerics probe and the gradient-underflow diagnostics measured, and the config
+changes the numerics findings propose.
+
+The probe (``diagnostics.numerics=true``) measures the model in fp32 before training: where
+fp16 overflows in the forward pass, how much of the gradient it would flush without a scaler,
+the updates a pure half-precision model would round away, and which half modes nothing rules
+out; each verdict with its numbers and its fix. The underflow diagnostics
+(``diagnostics.every > 0``) measure the share of gradient values below fp16's range during
+training and how much of it the scaler keeps; beside them, what fp16 without loss scaling
+reached. A fix names a mode by what it is, asked of the mode table (never spelled out here),
+and a loss scale as a config value.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from ampsweep.measure.names import (
     HEADROOM,
@@ -16,19 +25,54 @@ from ampsweep.measure.names import (
 )
 from ampsweep.precision import modes
 from ampsweep.precision.modes import FORMATS
-from ampsweep.report.criteria import UPDATE_TOLERANCE
-from ampsweep.report.fixes import autocast_mode, mode_named, scale_text, wide_range_fix
-from ampsweep.report.model import Row, is_number, percent
-from ampsweep.report.numerics_fields import parse_number
+from ampsweep.report import quality
+from ampsweep.report.model import Row, is_mode, is_number, parse_number, percent
 
 LAYERS_SHOWN = 3  # modules or parameters a probe finding names with their numbers (the worst)
 MODEL = "(model)"  # the probe's name for the model itself
+# A judgment, not a measurement: a few percent of updates rounded away are the smallest steps
+# of weights that barely move; beyond one in 20 the weights stop following the optimizer.
+UPDATE_TOLERANCE = 0.05
+
+
+# ---------------------------------------------------------------- the fixes proposed
+
+
+def mode_named(test) -> str:
+    """The name of the first mode of the table that passes ``test``."""
+    return next(m.name for m in modes.MODES.values() if test(m))
+
+
+def autocast_mode(dtype: str) -> str:
+    """The plain autocast mode of ``dtype``: its math in dtype, its weights in fp32."""
+    return mode_named(lambda m: m.autocast and m.dtype == dtype and not m.fp8)
+
+
+def wide_range_fix() -> str:
+    return f"precision={autocast_mode('bf16')} (fp32's range)"
+
+
+def scale_text(x: float) -> str:
+    """A loss scale as a config value (``1048576``, not ``1.04858e+06``); below 1, the power
+    of two that every backed-off scale is (``2^-14``, not ``6.10352e-05``)."""
+    if x >= 1 and x == int(x):
+        return f"{x:.0f}"
+    if x > 0 and math.log2(x).is_integer():
+        return f"2^{math.log2(x):.0f}"
+    return f"{x:g}"
+
+
+def scaled_fp16(m: modes.PrecisionMode) -> bool:
+    return m.dtype == "fp16" and m.scaler
+
+
+# ---------------------------------------------------------------- the probe
 
 
 def probe_findings(rows: list[Row], went_wrong_itself) -> list[str]:
     """The probe's verdicts, once per configuration: it measures the model in fp32 before
     training, so every mode's run of a configuration measures the same. A mode whose run
-    ``went_wrong_itself`` (``numerics._troubled``) is never called safe."""
+    ``went_wrong_itself`` (``numerics.troubled``) is never called safe."""
     configs: dict[str, list[Row]] = {}
     for r in rows:
         configs.setdefault(r.configuration, []).append(r)
@@ -179,3 +223,121 @@ def _safe(r: Row, troubled: set[str]) -> str | None:
     why = f" ({'; '.join(evidence)})" if evidence else ""
     verb = "is" if len(safe) == 1 else "are"
     return f"{names} {verb} safe here{why}."
+
+
+# ---------------------------------------------------------------- gradient underflow
+
+
+def noscale_findings(done: list[Row], base: str) -> list[str]:
+    out = []
+    for r in done:
+        if not is_mode(r.precision, lambda m: m.unscaled_fp16):
+            continue
+        text = (
+            f"fp16 without loss scaling ({r.precision}) {quality.reached(r, base)}. With no "
+            "scaler no step is checked or skipped: gradients too small for fp16 silently "
+            "become zero"
+        )
+        under = r.extra.get("amp/grad_underflow_frac")
+        if is_number(under):
+            text += (
+                f" ({percent(under)} of this run's gradient values did)"
+                if under > 0
+                else " (on this model none did: amp/grad_underflow_frac 0)"
+            )
+        scaled = [x for x in done if is_mode(x.precision, scaled_fp16) and x.model == r.model]
+        if scaled:
+            parts = [
+                f"{x.precision} skipped {x.skipped_steps or 0:.0f} step(s), final scale "
+                f"{x.loss_scale:g}"
+                for x in scaled
+                if is_number(x.loss_scale)
+            ]
+            if parts:
+                text += "; with scaling, " + "; ".join(parts)
+        out.append(text + ".")
+    return out
+
+
+def underflow_findings(done: list[Row]) -> list[str]:
+    """What the gradient-underflow diagnostics measured (runs with diagnostics.every > 0):
+    how much of the gradient fp16 without scaling loses on this model, what the scaler keeps."""
+    groups: dict[str, dict[str, dict[str, float]]] = {}
+    for r in done:
+        if r.extra:
+            metrics = dict(r.extra)
+            if r.score is not None and is_number(r.quality):  # the score, e.g. val/acc
+                metrics[r.score.name] = r.quality
+            if is_number(r.loss_scale):
+                metrics["amp/loss_scale"] = r.loss_scale
+            groups.setdefault(r.configuration, {})[r.precision] = metrics
+    out = []
+    for where, runs in groups.items():
+        text = underflow_finding(runs)
+        if text:
+            out.append(f"Gradient underflow{f' ({where})' if len(groups) > 1 else ''}: {text}")
+    return out
+
+
+def underflow_finding(runs: Mapping[str, Mapping[str, float]]) -> str | None:
+    """A plain-language finding from a sweep's child runs.
+
+    ``runs`` maps a precision mode name to that run's latest metrics. The underflow share
+    comes from the run measured in the mode least affected (full exponent range: fp32, tf32,
+    then bf16; else any); the rescue from an fp16 run with a scaler; the measured loss from an
+    fp16 run without one. None when nothing was measured.
+    """
+    key = "amp/grad_underflow_frac"
+    measured = {mode: m for mode, m in runs.items() if key in m and not math.isnan(m[key])}
+    if not measured:
+        return None
+    # The reference: a mode with fp32's exponent range (fp32 and tf32 before bf16), else any.
+    full = sorted(
+        (n for n in measured if is_mode(n, lambda m: m.full_range)),
+        key=lambda n: modes.MODES[n].half,
+    )
+    base_mode = full[0] if full else next(iter(measured))
+    lost = measured[base_mode][key]
+    parts = []
+    if lost == 0:
+        parts.append(
+            f"No gradient value falls below fp16's range on this model (measured in {base_mode}): "
+            "fp16 would train here even without loss scaling."
+        )
+    else:
+        parts.append(
+            f"fp16 without loss scaling would flush {percent(lost)} of the non-zero gradient "
+            f"values to zero on this model (measured in {base_mode}); "
+            f"{percent(measured[base_mode].get('amp/grad_subnormal_frac', float('nan')))} "
+            "fall below fp16's normal range."
+        )
+    noscale_mode = next((n for n in measured if is_mode(n, lambda m: m.unscaled_fp16)), None)
+    noscale = measured.get(noscale_mode) if noscale_mode else None
+    if noscale and "amp/grad_flushed_frac" in noscale:
+        flushed = noscale["amp/grad_flushed_frac"]
+        lost_here = (
+            f"lost {percent(flushed)} of its non-zero gradient values"
+            if flushed > 0
+            else "lost none of its gradient values"
+        )
+        text = f"The {noscale_mode} run actually {lost_here}"
+        score = next((k for k in noscale if k.startswith("val/")), None)
+        if score and base_mode in runs and score in runs[base_mode]:
+            text += (
+                f" and reached {score} {noscale[score]:.3f} against "
+                f"{runs[base_mode][score]:.3f} in {base_mode}"
+            )
+        parts.append(text + ".")
+    scaled_mode = next((n for n in measured if is_mode(n, scaled_fp16)), None)
+    if lost > 0 and scaled_mode and "amp/grad_underflow_frac_scaled" in measured[scaled_mode]:
+        m = measured[scaled_mode]
+        still = m["amp/grad_underflow_frac_scaled"]
+        scale = m.get("amp/loss_scale", float("nan"))
+        if m[key] > 0:
+            kept = 1.0 - still / m[key]
+            left = f"leaves {percent(still)} below fp16's range" if still > 0 else "leaves none"
+            parts.append(
+                f"In {scaled_mode}, the scaler at scale {scale:g} {left}, so it keeps "
+                f"{percent(kept)} of the values fp16 alone would lose."
+            )
+    return " ".join(parts)

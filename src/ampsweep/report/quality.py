@@ -1,66 +1,211 @@
-"""Time to quality: how long each run took to reach a quality worth having.
+"""The report on each mode's quality: its score against the baseline's, in the score's own
+direction, unit and tolerance (``config.score``: the task's, as the run recorded it), and its
+time to quality.
 
-What a practitioner pays for is the time to a given accuracy, not samples per second at one
-batch size (MLPerf's training benchmarks time runs to a target quality the same way). The
-target is, by default, within ``ACC_WITHIN`` (half a point) of the baseline's final accuracy,
-or within ``PPL_WITHIN`` (2%) of its final perplexity for a language model; ``--target``
-gives one in the metric's own unit instead. Each run's time is read from the evaluations it
-logged (``val/acc`` or ``val/perplexity``, each with its step and MLflow timestamp): the first
-evaluation at or past the target, as wall time since the run started (its setup, evaluations
-and checkpoints included: what the run cost) and optimizer steps. A run evaluates at the end
-of each ``trainer.eval_every`` epochs, so the time is that of the evaluation that saw it.
+"Held" is a change within the score's tolerance (accuracy: 1.5 points; perplexity: 5%), a
+change beyond it is a loss or, the other way, noise at a short run's length; over repeats the
+verdict rests on the 95% interval of the paired change (``report.stats``).
+
+Time to quality: what a practitioner pays for is the time to a given quality, not samples per
+second at one batch size (MLPerf's training benchmarks time runs to a target quality the same
+way). The target is, by default, as near the baseline's final score as the score's ``target``
+says (half a point of accuracy, 2% of perplexity); ``--target`` gives one in the score's own
+unit instead. Each run's time is read from the evaluations it logged (each with its step and
+MLflow timestamp): the first evaluation at or past the target, as wall time since the run
+started (its setup, evaluations and checkpoints included: what the run cost) and optimizer
+steps. A run evaluates at the end of each ``trainer.eval_every`` epochs, so the time is that of
+the evaluation that saw it.
 """
 
 from __future__ import annotations
 
 import statistics
 
+from ampsweep.config.score import ACCURACY, Score
+from ampsweep.report import stats
 from ampsweep.report.model import Row, RunData, is_number
 
-ACC, PPL = "val/acc", "val/perplexity"
-QUALITY_KEYS = (ACC, PPL)  # the evaluations read with their timestamps
-ACC_WITHIN = 0.005  # the default target: within half a point of the baseline's final accuracy
-PPL_WITHIN = 0.02  # or within 2% of its final perplexity
+# A language model "learnt" when its perplexity is well below the unigram baseline's (what
+# predicting each token from its frequency alone gives): below three quarters of it.
+LEARNT = 0.75
+
+# What the interval of a paired change says (``stats.compare``; None: a single run)
+COMPARE_WORDS = {
+    "lower": "is lower than",
+    "higher": "is higher than",
+    "indistinguishable": "is indistinguishable from",
+    None: "compares with",
+}
 
 
-def metric_of(run: RunData) -> str | None:
-    """The quality metric a run logged: perplexity for a language model, else accuracy."""
-    return PPL if run.timeline.get(PPL) else ACC if run.timeline.get(ACC) else None
+def label(rows: list[Row]) -> str:
+    """What the rows' score is called (``accuracy``), or ``quality`` where none was read."""
+    return next((r.score.label for r in rows if r.score is not None), "quality")
 
 
-def reached(value: float, target: float, metric: str) -> bool:
-    return value <= target if metric == PPL else value >= target
+# ---------------------------------------------------------------- a row's score in words
 
 
-def time_to(run: RunData, target: float, metric: str) -> tuple[float, int] | None:
+def value_of(r: Row) -> str:
+    """``0.982``, over repeats ``0.982 +/- 0.004``."""
+    est = r.ci.get("quality")
+    return r.score.show(r.quality, est.half_width if est is not None else None)
+
+
+def change_of(r: Row, vs: str = "") -> str:
+    """``-0.1 +/- 0.3 points, n=5``: a paired change and its interval (``, a single run``)."""
+    est = r.ci.get("quality_change")
+    if est is None or not est.has_interval:
+        return f"{r.score.show_change(r.quality_change)}{vs}, a single run"
+    return f"{r.score.show_change(r.quality_change, est.half_width)}{vs}, n={est.n}"
+
+
+def reached(r: Row, base: str) -> str:
+    """``reached 0.900 (-8.6 points vs fp32)``, ``reached perplexity 11.000 (-8.3% vs fp32)``:
+    what a run of a mode reached (accuracy is named by its value alone)."""
+    s = r.score
+    if s is None or not is_number(r.quality):
+        return f"has no {s.label if s else ACCURACY.label}"
+    what = value_of(r) if s.name == ACCURACY.name else f"{s.label} {value_of(r)}"
+    if not is_number(r.quality_change):
+        return f"reached {what}"
+    vs = f" vs {base}"
+    if r.n > 1:
+        return f"reached {what} ({change_of(r, vs)})"
+    return f"reached {what} ({s.show_change(r.quality_change)}{vs})"
+
+
+# ---------------------------------------------------------------- findings
+
+
+def findings(group: list[Row], base: str, where: str) -> list[str]:
+    """Single runs: each mode's score against the baseline's, held within the tolerance, or
+    worse or better beyond it (a gain at a short run's length is noise); a language model's
+    baseline against the unigram baseline of the same text."""
+    rows = [r for r in group if is_number(r.quality_change) and r.precision != base]
+    out = _learnt(group, base, where)
+    if not rows:
+        return out
+    s = rows[0].score
+    first = rows[0]
+    base_value = first.quality - first.quality_change
+    if s.relative:
+        base_value = first.quality / (1 + first.quality_change)
+    verdicts = {r.run_id: s.verdict(r.quality_change) for r in rows}
+    held = [r for r in rows if verdicts[r.run_id] == "held"]
+    if held:
+        listing = ", ".join(f"{r.precision} {s.show(r.quality)}" for r in held)
+        out.append(
+            f"{s.title} held{where} {s.within()} of {base}'s {s.show(base_value)}: {listing}."
+        )
+    for r in (r for r in rows if verdicts[r.run_id] == "worse"):
+        out.append(
+            f"{s.title} {s.worse_word}{where} for {r.precision}: {s.show(r.quality)} "
+            f"({s.show_change(r.quality_change)} vs {base})."
+        )
+    for r in (r for r in rows if verdicts[r.run_id] == "better"):
+        out.append(
+            f"{s.title} {s.better_word}{where} for {r.precision}: {s.show(r.quality)} "
+            f"({s.show_change(r.quality_change)} vs {base}; at this run length that is noise, "
+            "not a gain)."
+        )
+    return out
+
+
+def _learnt(group: list[Row], base: str, where: str) -> list[str]:
+    """A language model's baseline perplexity against the unigram baseline of the same text
+    (what predicting each token from its frequency alone achieves)."""
+    ppls = [r for r in group if is_number(r.ppl_ratio) and r.precision != base]
+    unigram = next((r.unigram_ppl for r in group if is_number(r.unigram_ppl)), None)
+    if not ppls or not unigram:
+        return []
+    base_ppl = ppls[0].val_ppl / ppls[0].ppl_ratio
+    verdict = "learnt well below it" if base_ppl < LEARNT * unigram else "is not far below it"
+    return [
+        f"{base} reached validation perplexity {base_ppl:.3f}{where}; predicting each token "
+        f"from its frequency alone (the unigram baseline of the same text) gives "
+        f"{unigram:.3f}: the model {verdict}."
+    ]
+
+
+def interval_findings(group: list[Row], base: str, where: str) -> list[str]:
+    """Repeats: each mode's score against the baseline's, a verdict on the 95% interval of the
+    paired change, or that the interval is too wide to judge (wider than the tolerance)."""
+    others = [r for r in group if r.precision != base and is_number(r.quality_change)]
+    if not others:
+        return []
+    s = others[0].score
+    parts = [_interval(r, base) for r in others]
+    base_row = next((r for r in group if r.precision == base), None)
+    if base_row is not None and is_number(base_row.quality):
+        n = est.n if (est := base_row.ci.get("quality")) is not None else base_row.n
+        parts.insert(0, f"{base} reached {value_of(base_row)} (n={n})")
+    return [f"{s.title}{where}, paired by seed: " + "; ".join(parts) + "."]
+
+
+def _interval(r: Row, base: str) -> str:
+    s, est = r.score, r.ci.get("quality_change")
+    if stats.wide(est, s.tolerance, ratio=False):
+        why = stats.too_wide(est, s.tolerance, False, s.plus_minus())
+        return f"{r.precision}'s {s.label} against {base}'s is {change_of(r)}, but {why}"
+    words = COMPARE_WORDS[stats.compare(est, 0.0)]
+    return f"{r.precision}'s {s.label} {words} {base}'s ({change_of(r)})"
+
+
+def verdict(r: Row) -> str:
+    """``held``, ``lost`` or ``open`` (an interval reaching both sides of the tolerance, or no
+    score measured): what the recommendation asks (a gain holds)."""
+    s = r.score
+    if s is None or not is_number(r.quality_change):
+        return "open"
+    est = r.ci.get("quality_change")
+    if est is None or not est.has_interval:
+        return "lost" if s.verdict(r.quality_change) == "worse" else "held"
+    ends = {s.verdict(est.low), s.verdict(est.high)}
+    return "held" if "worse" not in ends else "lost" if ends == {"worse"} else "open"
+
+
+def words(r: Row, base: Row) -> str:
+    """``accuracy 0.982 (-0.1 +/- 0.3 points vs fp32)``, ``perplexity 12.100 vs 12.000
+    (1.01x)``: the evidence of a mode's quality."""
+    s = r.score
+    if s is None or not is_number(r.quality_change) or not is_number(r.quality):
+        return f"no {s.label if s else ACCURACY.label} measured"
+    if s.relative:
+        return (
+            f"{s.label} {s.show(r.quality)} vs {s.show(base.quality)} ({1 + r.quality_change:.2f}x)"
+        )
+    est = r.ci.get("quality_change")
+    spread = est.half_width if est is not None and est.has_interval else None
+    change = s.show_change(r.quality_change, spread)
+    return f"{s.label} {s.show(r.quality)} ({change} vs {base.precision})"
+
+
+# ---------------------------------------------------------------- time to quality
+
+
+def score_of(run: RunData) -> Score | None:
+    """The score a run logged evaluations of (with their timestamps)."""
+    s = run.score
+    return s if s is not None and run.timeline.get(s.name) else None
+
+
+def time_to(run: RunData, target: float, score: Score) -> tuple[float, int] | None:
     """Seconds since the run started and the step of its first evaluation at the target;
     None when no evaluation reached it."""
-    for step, value, stamp in sorted(run.timeline.get(metric, []), key=lambda e: e[2]):
-        if reached(value, target, metric):
+    for step, value, stamp in sorted(run.timeline.get(score.name, []), key=lambda e: e[2]):
+        if score.reached(value, target):
             return max(0.0, (stamp - run.started_ms) / 1000), step
     return None
 
 
-def default_target(base: Row, metric: str) -> float | None:
-    """The target from the baseline's final quality (over repeats: its mean)."""
-    if metric == PPL and is_number(base.val_ppl):
-        return base.val_ppl * (1 + PPL_WITHIN)
-    if metric == ACC and is_number(base.val_acc):
-        return base.val_acc - ACC_WITHIN
-    return None
-
-
-def describe_target(target: float, metric: str, base: Row | None, given: bool) -> str:
+def describe_target(target: float, score: Score, base: Row | None, given: bool) -> str:
     """``val acc >= 0.981 (within 0.5 points of fp32's 0.986)``."""
-    op, shown = ("<=", f"{target:.3f}") if metric == PPL else (">=", f"{target:.3f}")
-    name = "val perplexity" if metric == PPL else "val acc"
+    op = ">=" if score.higher_is_better else "<="
     if given or base is None:
-        return f"{name} {op} {shown} (--target)"
-    if metric == PPL:
-        why = f"within {PPL_WITHIN:.0%} of {base.precision}'s {base.val_ppl:.3f}"
-    else:
-        why = f"within {ACC_WITHIN * 100:.1f} points of {base.precision}'s {base.val_acc:.3f}"
-    return f"{name} {op} {shown} ({why})"
+        return f"{score.short} {op} {target:.3f} (--target)"
+    why = f"{score.within(score.target)} of {base.precision}'s {base.quality:.3f}"
+    return f"{score.short} {op} {target:.3f} ({why})"
 
 
 def apply(
@@ -71,30 +216,32 @@ def apply(
     target: float | None = None,
 ) -> dict[str, str]:
     """Fill in each row's time to quality (``Row.target*``), per configuration: the target is
-    ``target`` or the default from that configuration's baseline. Returns each
-    configuration's target in words (what the finding and the chart say it was)."""
+    ``target`` or the default from that configuration's baseline (over repeats: its mean).
+    Returns each configuration's target in words (what the finding and the chart say it was)."""
     by_id = {r.run_id: r for r in runs}
-    words: dict[str, str] = {}
+    said: dict[str, str] = {}
     for where in dict.fromkeys(r.configuration for r in summary):
         group = [s for s in summary if s.configuration == where and s.status == "FINISHED"]
         members = {m for s in group for m in (s.members or [s.run_id])}
-        metric = next((m for rid in members if (m := metric_of(by_id[rid]))), None)
+        score = next((s for rid in members if (s := score_of(by_id[rid]))), None)
         base = next((s for s in group if s.precision == baseline_mode), None)
-        value = target if target is not None else (default_target(base, metric) if base else None)
-        if metric is None or value is None:
+        value = target
+        if value is None and score is not None and base is not None and is_number(base.quality):
+            value = score.target_from(base.quality)
+        if score is None or value is None:
             continue
-        words[where] = describe_target(value, metric, base, target is not None)
+        said[where] = describe_target(value, score, base, target is not None)
         for row in (r for r in rows if r.run_id in members):
-            _fill(row, [by_id[row.run_id]], value, metric)
+            _fill(row, [by_id[row.run_id]], value, score)
         for s in group:
-            _fill(s, [by_id[m] for m in (s.members or [s.run_id])], value, metric)
-    return words
+            _fill(s, [by_id[m] for m in (s.members or [s.run_id])], value, score)
+    return said
 
 
-def _fill(row: Row, members: list[RunData], target: float, metric: str) -> None:
-    hits = [h for m in members if (h := time_to(m, target, metric)) is not None]
+def _fill(row: Row, members: list[RunData], target: float, score: Score) -> None:
+    hits = [h for m in members if (h := time_to(m, target, score)) is not None]
     row.target = target
-    row.target_evals = max(len(m.timeline.get(metric, [])) for m in members)
+    row.target_evals = max(len(m.timeline.get(score.name, [])) for m in members)
     row.target_reached = len(hits)
     if hits:
         row.target_s = statistics.fmean(h[0] for h in hits)

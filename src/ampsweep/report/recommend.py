@@ -1,9 +1,9 @@
 """The report's first line: the mode to use for this model on this device, and why; or, where
 the evidence cannot decide, the question that is open and the run that would close it.
 
-A mode is recommended only when its quality held against the baseline (accuracy within
-``criteria.ACC_TOLERANCE``, perplexity within ``criteria.PPL_TOLERANCE``; over repeats, the
-whole interval), its runs went right numerically (``numerics.went_wrong``), and it is faster
+A mode is recommended only when its quality held against the baseline (its score within the
+score's tolerance, in the score's direction: ``report.quality``; over repeats, the whole
+interval), its runs went right numerically (``numerics.went_wrong``), and it is faster
 than the baseline on a device whose timings mean something (a GPU, not an emulated fp8 run).
 Three things leave the question open instead: a baseline that has not learned (accuracy near
 chance, perplexity near the unigram baseline's), timings from a CPU, and intervals that cannot
@@ -16,8 +16,7 @@ import shlex
 
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import numerics, stats
-from ampsweep.report.criteria import ACC_TOLERANCE, LEARNT, PPL_TOLERANCE
+from ampsweep.report import numerics, quality, stats
 from ampsweep.report.findings import describe_device
 from ampsweep.report.model import Recommendation, Row, how_much, is_number, ratio_range
 from ampsweep.tracking.store import FINISHED
@@ -60,11 +59,18 @@ def recommend(
         )
     wrong = [r.precision for r in others if numerics.went_wrong(r)]
     ruled_out = f" {', '.join(wrong)} went wrong numerically (see the findings)." if wrong else ""
-    verdicts = {r.precision: _quality(r) for r in others if not numerics.went_wrong(r)}
+    verdicts = {r.precision: quality.verdict(r) for r in others if not numerics.went_wrong(r)}
     held = [r for r in others if verdicts.get(r.precision) == "held"]
     unsure = [r for r in others if verdicts.get(r.precision) == "open"]
     if device.get("device") == "cpu":
         return _cpu(held, unsure, base, sweep_command, device, ruled_out)
+    return _gpu(others, held, unsure, base, where, sweep_command, ruled_out)
+
+
+def _gpu(others, held, unsure, base, where, sweep_command, ruled_out) -> Recommendation:
+    """On a device whose timings mean something: the fastest of the ``others`` modes that held
+    their quality, or why none can be named yet."""
+    baseline_mode = base.precision
     busy = [r for r in held if is_number(r.speedup) and not r.emulated and r.contended]
     if busy:  # a contended timing is no verdict (``measure.contention``)
         ruled_out += (
@@ -99,7 +105,8 @@ def recommend(
             f"{needed} runs per mode would narrow them at this spread.",
             _sweep(sweep_command, {"sweep.repeats": str(needed)}),
             evidence={r.precision: _evidence_line(r, base) for r in wide},
-            open_question=f"whether {names} is faster than {baseline_mode} with accuracy held",
+            open_question=f"whether {names} is faster than {baseline_mode} with "
+            f"{quality.label(wide)} held",
         )
     saving = min(held, key=lambda r: r.activation_ratio or 1.0, default=None)
     also = ""
@@ -139,27 +146,12 @@ def _not_learned(base: Row) -> str:
                 f"{base.num_classes} classes ({chance:.3f}): the baseline has not learned"
             )
     if is_number(base.val_ppl) and is_number(base.unigram_ppl):
-        if base.val_ppl >= LEARNT * base.unigram_ppl:
+        if base.val_ppl >= quality.LEARNT * base.unigram_ppl:
             return (
                 f"{base.precision} reached perplexity {base.val_ppl:.3f}, not far below the "
                 f"unigram baseline's {base.unigram_ppl:.3f}: the baseline has not learned"
             )
     return ""
-
-
-def _quality(r: Row) -> str:
-    """``held``, ``lost`` or ``open`` (an interval reaching both sides of the tolerance, or no
-    quality measured)."""
-    if is_number(r.ppl_ratio):
-        return "held" if r.ppl_ratio <= 1 + PPL_TOLERANCE else "lost"
-    if not is_number(r.acc_delta):
-        return "open"
-    est = r.ci.get("acc_delta")
-    if est is None or not est.has_interval:
-        return "held" if r.acc_delta >= -ACC_TOLERANCE else "lost"
-    if est.low >= -ACC_TOLERANCE:
-        return "held"
-    return "lost" if est.high < -ACC_TOLERANCE else "open"
 
 
 def _speed_verdict(r: Row) -> str | None:
@@ -171,10 +163,11 @@ def _speed_verdict(r: Row) -> str | None:
 
 
 def _open(r: Row) -> bool:
-    """An interval (speed or accuracy) that contains "no difference" and is too wide."""
+    """An interval (speed or quality) that contains "no difference" and is too wide."""
+    tolerance = r.score.tolerance if r.score is not None else 0.0
     for name, null, target, ratio in (
         ("speedup", 1.0, stats.PRECISION_WANTED, True),
-        ("acc_delta", 0.0, ACC_TOLERANCE, False),
+        ("quality_change", 0.0, tolerance, False),
     ):
         est = r.ci.get(name)
         verdict = stats.compare(est, null)
@@ -186,18 +179,9 @@ def _open(r: Row) -> bool:
 
 def _needed(r: Row) -> int:
     speed = stats.repeats_needed(r.ci.get("speedup"), stats.PRECISION_WANTED, ratio=True)
-    acc = stats.repeats_needed(r.ci.get("acc_delta"), ACC_TOLERANCE)
-    return min(max(n for n in (speed, acc, stats.MIN_REPEATS) if n), stats.MAX_REPEATS)
-
-
-def _quality_words(r: Row, base: Row) -> str:
-    if is_number(r.ppl_ratio):
-        return f"perplexity {r.val_ppl:.3f} vs {base.val_ppl:.3f} ({r.ppl_ratio:.2f}x)"
-    if not is_number(r.acc_delta) or not is_number(r.val_acc):
-        return "no accuracy measured"
-    est = r.ci.get("acc_delta")
-    spread = f" +/- {est.half_width * 100:.1f}" if est is not None and est.has_interval else ""
-    return f"accuracy {r.val_acc:.3f} ({r.acc_delta * 100:+.1f}{spread} points vs {base.precision})"
+    tolerance = r.score.tolerance if r.score is not None else 0.0
+    change = stats.repeats_needed(r.ci.get("quality_change"), tolerance)
+    return min(max(n for n in (speed, change, stats.MIN_REPEATS) if n), stats.MAX_REPEATS)
 
 
 def _mem(r: Row) -> str:
@@ -224,7 +208,7 @@ def _evidence_line(r: Row, base: Row) -> str:
     if is_number(r.speedup) and not r.emulated:
         speed = f"{how_much(r.speedup)} ({ratio_range(r.speedup, r.ci.get('speedup'))}), "
     n = f", n={r.n}" if r.n > 1 else ", a single run"
-    return f"{speed}{_quality_words(r, base)}, {_mem(r)}{n}"
+    return f"{speed}{quality.words(r, base)}, {_mem(r)}{n}"
 
 
 def _use(best: Row, runner: Row | None, base: Row, where: str, command: str, ruled_out: str):
@@ -247,7 +231,7 @@ def _use(best: Row, runner: Row | None, base: Row, where: str, command: str, rul
 
 
 def _cpu(held, unsure, base, command, device, ruled_out) -> Recommendation:
-    kept = "; ".join(f"{r.precision}: {_quality_words(r, base)}, {_mem(r)}" for r in held)
+    kept = "; ".join(f"{r.precision}: {quality.words(r, base)}, {_mem(r)}" for r in held)
     kept = f" Quality held for {kept}." if held else ""
     if unsure:
         names = ", ".join(r.precision for r in unsure)

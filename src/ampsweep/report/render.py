@@ -15,11 +15,12 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
-from ampsweep.report import trials
+from ampsweep.config.score import KNOWN
+from ampsweep.report import stats
 from ampsweep.report.model import Report, Row, is_number, ratio_range
 
 CONSOLE_WIDTH = 100
@@ -50,6 +51,9 @@ COLUMNS = [
     Column("acc_delta", "Δacc pt", "pt", when="numbers"),
     Column("val_ppl", "val ppl", ".3f", when="numbers"),
     Column("ppl_ratio", "ppl ratio", "x", when="numbers"),
+    # another task's score (headers and units its own: ``_score_columns``)
+    Column("quality", "score", ".4g", when="other score"),
+    Column("quality_change", "Δscore", "+.3g", when="other score"),
     Column("samples_per_s", "samples/s", ",.0f", drop=5),
     Column("tokens_per_s", "tokens/s", ",.0f", when="numbers", drop=4),
     Column("speedup", "speed-up", "x"),
@@ -133,7 +137,21 @@ def _shown(col: Column, rows: list[Row], wide: bool) -> bool:
         return wide or len(set(values)) > 1 or "earlier" in values  # reused rows: always said
     if col.when == "repeats":
         return any(r.n > 1 for r in rows)
+    if col.when == "other score":
+        return any(r.score is not None and r.score.name not in KNOWN for r in rows)
     return True
+
+
+def _score_columns(col: Column, rows: list[Row]) -> Column:
+    """A score of another task's columns, named after it: ``val rmse``, ``Δrmse %``."""
+    score = next((r.score for r in rows if r.score is not None), None)
+    if col.when != "other score" or score is None:
+        return col
+    if col.key == "quality":
+        return replace(col, header=score.short)
+    unit = " %" if score.relative else " pt" if score.points else ""
+    fmt = "pt" if score.relative or score.points else col.fmt
+    return replace(col, header=f"Δ{score.label}{unit}", fmt=fmt)
 
 
 def columns(report: Report, wide: bool = True, rows: list[Row] | None = None) -> list[Column]:
@@ -142,7 +160,7 @@ def columns(report: Report, wide: bool = True, rows: list[Row] | None = None) ->
     each ``amp/grad_*`` metric some run logged."""
     rows = report.summary if rows is None else rows
     cols = [
-        c
+        _score_columns(c, rows)
         for c in COLUMNS
         if (c.console if not wide else c.key != "scaler_skips") and _shown(c, rows, wide)
     ]
@@ -227,7 +245,7 @@ def to_markdown(report: Report) -> str:
     if report.repeated:
         lines += ["", "## Every run", ""]
         lines += _markdown_table(*table_cells(report, rows=report.rows))
-    best = trials.lines(report)  # a search's best trial of each mode
+    best = stats.lines(report)  # a search's best trial of each mode
     lines += ["", "## Best of each mode", ""] + [f"- {b}" for b in best] if best else []
     lines += ["", "## Findings", ""] + [f"- {f}" for f in report.findings]
     return "\n".join(lines) + "\n"
@@ -274,6 +292,7 @@ def to_csv(report: Report) -> str:
     writer.writerow(fields + extras + probed)
     for r in report.rows:
         d = asdict(r)
+        d["score"] = r.score.name if r.score is not None else None  # the metric, e.g. val/acc
         writer.writerow(
             ["" if d[k] is None else d[k] for k in fields]
             + [r.extra.get(k, "") for k in extras]
@@ -324,7 +343,7 @@ def print_table(report: Report, console, wide: bool = False) -> None:
         Console(file=console.file, width=needed, highlight=False, soft_wrap=True).print(table)
     else:  # the console table was fitted to 100 columns
         console.print(table, width=min(console.width, CONSOLE_WIDTH), crop=False)
-    for line in trials.lines(report):  # a search's best trial of each mode
+    for line in stats.lines(report):  # a search's best trial of each mode
         console.print(escape(line))
     console.print("[bold]Findings[/]")
     if console.soft_wrap:  # not a terminal: one line per finding

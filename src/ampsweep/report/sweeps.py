@@ -1,23 +1,57 @@
-"""A sweep's report from the store: find the sweep, read its runs, and log the report back
-to its parent run (report.md/.csv/.json, the charts, the headline numbers as metrics)."""
+"""A sweep's report from the store: find the sweep, read its runs, make each run a row
+against its baseline, make the report, and log it back to the sweep's parent run
+(report.md/.csv/.json, the charts, the headline numbers as metrics).
+
+The baseline of a run is the run of the baseline mode (fp32 unless ``--baseline``) in the same
+sweep whose config differs from it only in ``precision.*``: with repeated seeds, the baseline
+run of the same seed (``report.stats`` then summarises the repeats). A row holds what the run
+measured (its score, speed, memory, what went wrong numerically) and each against the
+baseline's.
+"""
 
 from __future__ import annotations
 
 import re
 
-from ampsweep.measure import capacity
+from ampsweep.measure import capacity, contention
+from ampsweep.measure.names import (
+    FP16_OVERFLOW,
+    NONFINITE_FIX,
+    NONFINITE_KIND,
+    NONFINITE_MODULE,
+    NONFINITE_STEP,
+    NONFINITE_STEPS,
+    NONFINITE_WHERE,
+    PROBE,
+    RUN_UPDATE_LOST,
+    UPDATE_LOST_LAYERS,
+)
+from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import quality
 from ampsweep.report.findings import findings
-from ampsweep.report.groups import summarise
-from ampsweep.report.model import Report, RunData
+from ampsweep.report.model import Report, Row, RunData, is_number, parse_number
 from ampsweep.report.recommend import recommend
 from ampsweep.report.render import to_csv, to_json, to_markdown, to_note
-from ampsweep.report.rows import compute_rows
+from ampsweep.report.stats import SEED, config_key, summarise, varying
 from ampsweep.tracking import store
 from ampsweep.tracking.secrets import mask_files, mask_text
+from ampsweep.tracking.store import (
+    DATA_PREFIX,
+    DATASET,
+    DIVERGED,
+    ERROR,
+    FINISHED,
+    FP8_EMULATED,
+    JOB_NUM,
+    MODEL,
+)
 
 HISTORY_KEYS = ("val/loss", "amp/loss_scale")  # step-wise metrics the charts draw
+OPTIONAL_PREFIXES = ("amp/grad_",)  # e.g. amp/grad_underflow_frac: columns only when logged
+# The loss scaler's history and settings
+LOSS_SCALE, TRAIN_STEPS = "amp/loss_scale", "train/steps"
+SCALER = "precision.scaler."  # its params: min_scale, growth_interval, dynamic
 
 
 class ReportError(Exception):
@@ -88,12 +122,7 @@ def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
         for key in HISTORY_KEYS
         if key in r.data.metrics
     }
-    timeline = {
-        key: [(m.step, m.value, m.timestamp) for m in client.get_metric_history(r.info.run_id, key)]
-        for key in quality.QUALITY_KEYS
-        if key in r.data.metrics
-    }
-    return RunData(
+    data = RunData(
         run_id=r.info.run_id,
         name=r.info.run_name,
         status=r.info.status,
@@ -102,9 +131,209 @@ def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
         metrics=dict(r.data.metrics),
         history=history,
         stands_in_for_job=stands_in_for_job,
-        timeline=timeline,
         started_ms=r.info.start_time or 0,
     )
+    # The score's evaluations with their timestamps: its time to quality (``report.quality``)
+    if data.score is not None and data.score.name in data.metrics:
+        key = data.score.name
+        points = client.get_metric_history(r.info.run_id, key)
+        data.timeline = {key: [(m.step, m.value, m.timestamp) for m in points]}
+    return data
+
+
+# ---------------------------------------------------------------- each run a row
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if is_number(value) and is_number(base) and base > 0 else None
+
+
+def find_baseline(run: RunData, runs: list[RunData], mode: str) -> RunData | None:
+    key = config_key(run.params)
+    for other in runs:
+        if other.precision == mode and other.status == FINISHED and config_key(other.params) == key:
+            return other
+    return None
+
+
+def max_batch(metrics: dict[str, float], budget: float | None) -> float | None:
+    """The largest batch for ``budget`` bytes from a run's measurements; without a budget, the
+    one the run predicted for its GPU's memory (none on a CPU)."""
+    if budget is None:
+        return metrics.get(capacity.MAX_BATCH_PREDICTED)
+    per_sample = metrics.get(capacity.BYTES_PER_SAMPLE)
+    model_mib = metrics.get(capacity.MODEL_MIB)
+    if not is_number(per_sample) or not is_number(model_mib):
+        return None
+    return capacity.predict_max_batch(budget, model_mib * capacity.MIB, per_sample)
+
+
+def compute_rows(
+    runs: list[RunData], baseline_mode: str = BASELINE, budget: float | None = None
+) -> list[Row]:
+    """One row per run, compared with its baseline run (the same seed's, when seeds vary).
+    ``budget``: bytes of memory for the max batch column (``--memory-budget``)."""
+    rows = []
+    varies = varying(runs) if len(runs) > 1 else {}
+    for run in runs:
+        row = _row(run, varies.get(run.run_id, ""), budget)
+        base = find_baseline(run, runs, baseline_mode)
+        if base is None:
+            same_mode = any(r.precision == baseline_mode for r in runs)
+            row.note = (
+                f"no {baseline_mode} run of the same config"
+                if same_mode
+                else f"no {baseline_mode} run in this sweep"
+            )
+        elif run.status == FINISHED:
+            _compare(row, base, budget)
+        rows.append(row)
+    return rows
+
+
+def _row(run: RunData, varies: str, budget: float | None) -> Row:
+    """What the run itself measured."""
+    m, score = run.metrics, run.score
+    row = Row(
+        run_id=run.run_id,
+        name=run.name,
+        precision=run.precision,
+        model=run.tags.get(MODEL) or run.params.get("model.name", "?"),
+        dataset=run.tags.get(DATASET) or run.params.get("dataset.name", "?"),
+        status=run.status,
+        job=run.stands_in_for_job or run.tags.get(JOB_NUM),
+        score=score,
+        quality=m.get(score.name) if score is not None else None,
+        val_acc=m.get("val/acc"),
+        val_ppl=m.get("val/perplexity"),
+        unigram_ppl=m.get("data/unigram_perplexity"),
+        samples_per_s=m.get("perf/samples_per_s"),
+        tokens_per_s=m.get("perf/tokens_per_s"),
+        activation_mib=m.get("mem/activation_mib"),
+        peak_mib=m.get("mem/peak_allocated_mib"),
+        skipped_steps=m.get("amp/skipped_steps"),
+        loss_scale=m.get("amp/loss_scale"),
+        step_ms=m.get("perf/step_time_ms"),
+        tflops=m.get("perf/tflops"),
+        mfu=m.get("perf/mfu"),
+        varies=varies,
+        reused=run.stands_in_for_job is not None,
+        extra={k: v for k, v in sorted(m.items()) if k.startswith(OPTIONAL_PREFIXES)},
+        error=run.tags.get(ERROR, ""),
+        seed=run.params.get(SEED, ""),
+        bytes_per_sample=m.get(capacity.BYTES_PER_SAMPLE),
+        model_mib=m.get(capacity.MODEL_MIB),
+        max_batch=max_batch(m, budget),
+        num_classes=_count(run.tags.get(f"{DATA_PREFIX}num_classes")),
+        emulated=run.tags.get(FP8_EMULATED) == "true",
+        fp8_flop_share=m.get("fp8/flop_share"),
+        cpu_used=m.get(contention.CORES_USED),
+        cpu_others=m.get(contention.CORES_OTHERS),
+        cpu_cores=m.get(contention.CORES),
+        **row_fields(run),
+    )
+    row.contended = contended(m)
+    row.contended_runs = int(row.contended)
+    return row
+
+
+def _compare(row: Row, base: RunData, budget: float | None) -> None:
+    """The row against its baseline run: the score in its own direction and unit, the rest as
+    ratios."""
+    b = base.metrics
+    row.baseline, row.baseline_run_id = base.name, base.run_id
+    if row.score is not None and is_number(row.quality) and is_number(b.get(row.score.name)):
+        row.quality_change = row.score.change(row.quality, b[row.score.name])
+    if is_number(row.val_acc) and is_number(b.get("val/acc")):
+        row.acc_delta = row.val_acc - b["val/acc"]
+    row.ppl_ratio = ratio(row.val_ppl, b.get("val/perplexity"))
+    row.speedup = ratio(row.samples_per_s, b.get("perf/samples_per_s"))
+    row.contended = row.contended or contended(b)  # a speed-up is timed on both
+    row.contended_runs = int(row.contended)
+    row.activation_ratio = ratio(row.activation_mib, b.get("mem/activation_mib"))
+    row.peak_ratio = ratio(row.peak_mib, b.get("mem/peak_allocated_mib"))
+    row.max_batch_ratio = ratio(row.max_batch, max_batch(b, budget))
+
+
+def _count(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def contended(metrics: dict[str, float]) -> bool:
+    """Whether a run's timed steps shared the machine with busy processes."""
+    return contention.contended(
+        metrics.get(contention.CORES_USED),
+        metrics.get(contention.CORES_OTHERS),
+        metrics.get(contention.CORES),
+    )
+
+
+# ---------------------------------------------------------------- what went wrong numerically
+
+
+def row_fields(run: RunData) -> dict:
+    """The numerics fields of a run's row (``model.Row``), from its tags, metrics and params."""
+    t, m = run.tags, run.metrics
+    return {
+        **_origin(t, m),
+        **_scaler(run),
+        "diverged": t.get(DIVERGED) == "true",
+        "steps": _steps(run),
+        "probe": {k: m[k] for k in PROBE if k in m},
+        "fp16_overflow": t.get(FP16_OVERFLOW, ""),
+        "update_lost_layers": t.get(UPDATE_LOST_LAYERS, ""),
+        "update_lost_frac": m.get(RUN_UPDATE_LOST),
+    }
+
+
+def _steps(run: RunData) -> float | None:
+    """The optimizer steps a run trained: train/steps, else the last step its loss scale was
+    logged at (a run logs its final numbers, train/* left out, at its last step; a failed
+    run's last is its last log step)."""
+    if is_number(run.metrics.get(TRAIN_STEPS)):
+        return run.metrics[TRAIN_STEPS]
+    logged = run.history.get(LOSS_SCALE)
+    return float(max(step for step, _ in logged)) if logged else None
+
+
+def _origin(tags: dict[str, str], metrics: dict[str, float]) -> dict:
+    if not tags.get(NONFINITE_WHERE):
+        return {}
+    step = tags.get(NONFINITE_STEP, "")
+    return {
+        "nonfinite_step": int(step) if step.isdigit() else None,
+        "nonfinite_kind": tags.get(NONFINITE_KIND, ""),
+        "nonfinite_module": tags.get(NONFINITE_MODULE, ""),
+        "nonfinite_where": tags[NONFINITE_WHERE],
+        "nonfinite_fix": tags.get(NONFINITE_FIX, ""),
+        "nonfinite_steps": metrics.get(NONFINITE_STEPS),
+        "nonfinite_runs": 1,
+    }
+
+
+def _scaler(run: RunData) -> dict:
+    """The scaler's first logged scale, its growth over it, and its settings (a setting left
+    at the mode's default is logged as null: the mode table says what it was)."""
+    p = run.params
+    logged = [v for _, v in sorted(run.history.get(LOSS_SCALE, [])) if is_number(v)]
+    first = logged[0] if logged and logged[0] > 0 else None
+    dynamic = {"true": True, "false": False}.get(p.get(SCALER + "dynamic", "").lower())
+    mode = modes.get(run.precision)
+    if dynamic is None and mode is not None:
+        dynamic = mode.dynamic_scale
+    return {
+        "scale_first": first,
+        "scale_growth": max(logged) / first if first else None,
+        "scale_min": parse_number(p.get(SCALER + "min_scale")),
+        "scale_growth_interval": parse_number(p.get(SCALER + "growth_interval")),
+        "scale_dynamic": dynamic,
+    }
+
+
+# ---------------------------------------------------------------- the report
 
 
 def make_report(

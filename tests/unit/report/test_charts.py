@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from ampsweep.report import sweeps
-from unit.report.test_rows import run
+from unit.report.test_sweeps import run
 
 
 def test_charts_are_written_as_png(tmp_path):
@@ -42,7 +42,7 @@ def test_charts_leave_the_processs_matplotlib_backend_alone(tmp_path):
         from pathlib import Path
         matplotlib.use("svg")
         from ampsweep.report import charts, sweeps
-        from unit.report.test_rows import run
+        from unit.report.test_sweeps import run
         runs = [run("fp32", acc=0.9, sps=10.0, act=4.0), run("bf16", acc=0.9, sps=12.0, act=2.0)]
         report = sweeps.make_report({{"run_id": "p"}}, runs)
         made = charts.write_charts(report, Path({str(tmp_path)!r}))

@@ -5,7 +5,7 @@ CPU and old-GPU hardware notes, and the gradient-underflow finding."""
 from __future__ import annotations
 
 from ampsweep.report import sweeps
-from unit.report.test_rows import CPU, CUDA, run
+from unit.report.test_sweeps import CPU, CUDA, run
 
 
 def findings_of(runs, baseline: str = "fp32") -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ampsweep.report import render, sweeps
-from unit.report.test_groups import CPU, CUDA, run
+from unit.report.test_stats import CPU, CUDA, run
 
 COMMAND = "ampsweep train -m precision=fp32,bf16,fp16 sweep.repeats=3 model=cnn trainer.epochs=2"
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from ampsweep.report import render, sweeps
-from unit.report.test_rows import CUDA, run
+from unit.report.test_sweeps import CUDA, run
 
 
 def test_formats_carry_the_same_numbers():

@@ -1,13 +1,23 @@
-"""report/rows.py: each run's numbers against its baseline (the fp32 run whose config differs
-only in precision), on known numbers; and the headline metrics of a report."""
+"""report/sweeps.py: each run's numbers against its baseline (the fp32 run whose config
+differs only in precision), on known numbers, and the headline metrics of a report; the
+numerics facts read into a run's row (the scaler's settings, a null one the mode's default; the
+steps trained, else the last logged scale; an empty row without facts) and kept for a row of
+repeats (the first origin, how many had one)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ampsweep.report import rows as report_rows
-from ampsweep.report import sweeps
+from ampsweep.report import numerics, sweeps
 from ampsweep.report.model import RunData
+from unit.report.test_numerics import (
+    TROUBLED,
+    TROUBLED_TAGS,
+    numeric_findings,
+    report,
+    three_fp16_seeds,
+)
+from unit.report.test_numerics import run as numerics_run
 
 CPU = {"device": "cpu", "device_name": "x86_64", "cpu_threads": "2", "torch_version": "2.14.1"}
 CUDA = {"device": "cuda", "device_name": "NVIDIA H200", "compute_capability": "9.0"}
@@ -38,7 +48,7 @@ def test_ratios_and_deltas_on_known_numbers():
         run("bf16", acc=0.97, sps=2500.0, act=2.0, peak=500.0, skipped=0.0),
         run("fp16", acc=0.985, sps=2000.0, act=2.2, peak=520.0, skipped=3.0, scale=8192.0),
     ]
-    rows = {r.precision: r for r in report_rows.compute_rows(runs)}
+    rows = {r.precision: r for r in sweeps.compute_rows(runs)}
     assert rows["fp32"].speedup == 1.0 and rows["fp32"].acc_delta == 0.0
     assert rows["bf16"].speedup == pytest.approx(2.5)
     assert rows["bf16"].acc_delta == pytest.approx(-0.01)
@@ -63,7 +73,7 @@ def test_baseline_is_the_fp32_run_whose_config_differs_only_in_precision():
         run("bf16", model="cnn", acc=0.9, sps=300.0, act=0.5),
         run("bf16", model="cnn", lr="0.01", acc=0.7, sps=300.0, act=0.5),  # no fp32 at lr=0.01
     ]
-    rows = report_rows.compute_rows(runs)
+    rows = sweeps.compute_rows(runs)
     by_id = {r.run_id: r for r in rows}
     assert by_id["bf16-mlp-0.001"].baseline_run_id == "fp32-mlp-0.001"
     assert by_id["bf16-mlp-0.001"].speedup == pytest.approx(0.5)
@@ -83,13 +93,13 @@ def test_baseline_mode_can_be_chosen_and_failed_baselines_are_not_used():
         run("bf16", acc=0.9, sps=300.0, act=0.5),
         run("fp16", acc=0.91, sps=150.0, act=0.5),
     ]
-    rows = {r.precision: r for r in report_rows.compute_rows(runs)}
+    rows = {r.precision: r for r in sweeps.compute_rows(runs)}
     assert rows["bf16"].baseline is None and rows["bf16"].note == "no fp32 run of the same config"
-    rows = {r.precision: r for r in report_rows.compute_rows(runs, "bf16")}
+    rows = {r.precision: r for r in sweeps.compute_rows(runs, "bf16")}
     assert rows["fp16"].speedup == pytest.approx(0.5)
     assert rows["fp16"].acc_delta == pytest.approx(0.01)
     assert rows["fp32"].status == "FAILED" and rows["fp32"].error == "boom"
-    none = report_rows.compute_rows([run("bf16", acc=0.9)])
+    none = sweeps.compute_rows([run("bf16", acc=0.9)])
     assert none[0].note == "no fp32 run in this sweep"
 
 
@@ -103,8 +113,45 @@ def test_a_prescribed_run_named_by_its_option_compares_with_fp32_and_shows_its_k
     runs = [run("fp32", acc=0.9, sps=100.0), run("bf16", status="FAILED"), fixed]
     for r in runs[:2]:
         r.params |= {"precision.keep_fp32": "[]", "tracking.run_name": "None"}
-    rows = {r.run_id: r for r in report_rows.compute_rows(runs)}
+    rows = {r.run_id: r for r in sweeps.compute_rows(runs)}
     assert rows["fixed"].baseline_run_id == "fp32-cnn-0.001"
     assert rows["fixed"].speedup == pytest.approx(2.0)
     assert rows["fixed"].varies == "keep_fp32=['fc2']"
     assert rows["bf16-cnn-0.001"].varies == "keep_fp32=[]"
+
+
+def test_a_scaler_setting_left_at_null_is_the_mode_s_default():
+    static = report([numerics_run("fp16_static"), numerics_run("fp16", lr="0.1")]).rows
+    assert [r.scale_dynamic for r in static] == [False, True]
+    (told,) = report([numerics_run("fp16", params={"precision.scaler.dynamic": "False"})]).rows
+    assert told.scale_dynamic is False
+    assert (told.scale_min, told.scale_growth_interval) == (1.0, 2000.0)
+
+
+def test_a_run_without_numerics_facts_has_an_empty_row_and_no_finding():
+    (row,) = report([numerics_run("fp32", val__acc=0.9)]).rows
+    assert (row.nonfinite_where, row.nonfinite_runs, row.probe) == ("", 0, {})
+    assert row.scale_first is None and row.diverged is False
+    assert numeric_findings([numerics_run("fp32", val__acc=0.9)]) == []
+
+
+def test_repeats_keep_the_first_origin_and_how_many_runs_had_one():
+    rep = report(three_fp16_seeds(troubled_seed=1))
+    (row,) = rep.summary
+    assert row.n == 3 and row.nonfinite_runs == 1
+    assert (row.nonfinite_where, row.nonfinite_module) == ("step 1: conv1", "conv1")
+    assert row.probe == TROUBLED and row.fp16_overflow == TROUBLED_TAGS["numerics.fp16_overflow"]
+    found = numerics.findings(rep.summary)
+    assert (
+        "fp16-cnn-digits (1 of 3 runs): step 1: conv1; fix: precision.keep_fp32=[conv1]." in found
+    )
+    assert sum(f.startswith("Numerics probe: fp16 overflows") for f in found) == 1
+
+
+def test_a_run_without_train_steps_counts_to_its_last_logged_scale():
+    runs = [numerics_run("fp16", amp__loss_scale=4096.0, amp__skipped_steps=30.0,
+                history=[(10, 4096.0), (200, 8192.0), (220, 4096.0)])]  # fmt: skip
+    (row,) = report(runs).rows
+    assert row.steps == 220.0
+    (text,) = numerics.scale_findings(report(runs).summary)
+    assert "skipped 30 of 220 steps (13.64%, more than 5%)" in text
