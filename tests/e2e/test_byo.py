@@ -173,7 +173,7 @@ def test_reproduce_of_a_user_model_repeats_its_loss_history_exactly(project, sto
 
 def test_a_user_model_resumes_from_its_checkpoint(project, store, tmp_path):
     from ampsweep.config import compose
-    from ampsweep.engine import checkpoint, confighash, loop
+    from ampsweep.engine import checkpoint, loop, run_folder
     from ampsweep.engine.build import build
 
     overrides = [
@@ -182,7 +182,7 @@ def test_a_user_model_resumes_from_its_checkpoint(project, store, tmp_path):
     ]  # fmt: skip
     cfg = compose.load(overrides, search=[compose.search_entry("conf")])
     whole = build(cfg)
-    folder = confighash.folder_for(cfg, "r")
+    folder = run_folder.folder_for(cfg, "r")
     summary = loop.fit(
         whole, lambda m, s: None, checkpoints=checkpoint.Checkpointer(folder, cfg, "r")
     )

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ampsweep import console
 from ampsweep.config.schema import ConfigError
-from ampsweep.engine import lease
-from ampsweep.engine.confighash import DEFAULT_ROOT
+from ampsweep.engine import run_folder
+from ampsweep.engine.run_folder import DEFAULT_ROOT
 from ampsweep.errors import FaultError
 from ampsweep.runner.plan import replay_journals
 from ampsweep.tracking import store
@@ -99,11 +99,11 @@ def owner_gone(tags: dict[str, str]) -> str | None:
     """Who trained the run, if that process is gone (None: alive, or cannot tell)."""
     host, pid = tags.get(store.HOST, ""), tags.get(store.PID, "")
     folder = tags.get(store.CHECKPOINT_DIR)
-    if folder and Path(folder).is_dir() and lease.held(Path(folder)) is not None:
+    if folder and Path(folder).is_dir() and run_folder.held(Path(folder)) is not None:
         return None  # its lease is held: alive
     who = f"pid {pid} on {host}"
     if host == socket.gethostname() and pid.isdigit():
         return who if not sweeps.alive(int(pid)) else None
-    if folder and (Path(folder) / lease.LOCK_NAME).is_file():
+    if folder and (Path(folder) / run_folder.LOCK_NAME).is_file():
         return who  # another host's run whose lease nobody holds (a shared file system)
     return None

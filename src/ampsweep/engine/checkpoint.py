@@ -17,8 +17,8 @@ A checkpoint proves itself: it carries a SHA-256 digest of every tensor and valu
 cut short is refused as damaged, and resuming falls back to the newest good checkpoint of the
 run rather than training on from damaged weights.
 
-Where they go, and the config hash that keys the folder: ``engine.confighash``. Which one a
-run resumes from, and the check that it fits the config: ``engine.resume_from``.
+Where they go, the config hash that keys the folder and its lease: ``engine.run_folder``. Which
+one a run resumes from, and the check that it fits the config: ``engine.resume_from``.
 
 The snapshot, taken when training ends, is the plain module (not DDP's wrapper, not
 torch.compile's), copied to the CPU in fp32: a ``*_pure`` mode trains half-precision weights,
@@ -48,12 +48,12 @@ import torch
 
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import distributed, sharded
-from ampsweep.engine.confighash import (
+from ampsweep.engine.loop import TrainState
+from ampsweep.engine.run_folder import (
     comparable,
     config_hash,
     unmasked,
 )
-from ampsweep.engine.loop import TrainState
 from ampsweep.errors import FaultError
 from ampsweep.precision.policy import Fp32Forward
 

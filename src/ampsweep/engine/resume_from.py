@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ampsweep.config.schema import Config, ConfigError
-from ampsweep.engine import lease, sharded
+from ampsweep.engine import run_folder, sharded
 from ampsweep.engine.checkpoint import END_SUFFIX, DamagedCheckpoint, checkpoints_in, load
-from ampsweep.engine.confighash import config_hash, differences, root_of, unmasked
-from ampsweep.engine.lease import Lease, NoLease
+from ampsweep.engine.run_folder import Lease, NoLease, config_hash, differences, root_of, unmasked
 
 
 def first_good(paths: list[Path], say: Callable[[str], None]) -> tuple[Path, dict] | None:
@@ -122,8 +121,8 @@ def choose(
             continue
         if folder not in leases:
             try:
-                leases[folder] = lease.take(folder) if claim else NoLease()
-            except lease.Owned as owned:
+                leases[folder] = run_folder.take(folder) if claim else NoLease()
+            except run_folder.Owned as owned:
                 who = owned.owner.describe() if owned.owner else "another process"
                 if not auto:
                     release_all()

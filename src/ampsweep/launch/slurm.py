@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ampsweep.config.schema import ConfigError, Tracker
-from ampsweep.engine.confighash import root_of
+from ampsweep.engine.run_folder import root_of
 from ampsweep.launch.cluster import SINFO_FORMAT, Partition, check_shared, parse_sinfo
 from ampsweep.tracking import store
 

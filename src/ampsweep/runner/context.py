@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from ampsweep.config.schema import Config
-from ampsweep.engine.lease import NoLease
+from ampsweep.engine.run_folder import NoLease
 from ampsweep.runner.signals import StopRequest
 from ampsweep.tracking import store
 from ampsweep.tracking.closer import RunCloser

@@ -37,7 +37,7 @@ from ampsweep.config.schema import Config, ConfigError, Tracker
 from ampsweep.engine import checkpoint, components, distributed, loop, sharded
 from ampsweep.engine.build import build_planned, select_device
 from ampsweep.engine.checkpoint import snapshot
-from ampsweep.engine.confighash import config_hash, folder_for
+from ampsweep.engine.run_folder import config_hash, folder_for
 from ampsweep.measure import contention
 from ampsweep.measure.probe import probe
 from ampsweep.runner import environment, estimate

@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ampsweep import console
 from ampsweep.config.compose import to_config
 from ampsweep.config.schema import Config, ConfigError, Tracker
-from ampsweep.engine import components, lease
+from ampsweep.engine import components, run_folder
 from ampsweep.engine.build import preflight, resolve_precision
-from ampsweep.engine.confighash import root_of
+from ampsweep.engine.run_folder import root_of
 from ampsweep.errors import FaultError
 from ampsweep.tracking import access, journal, store
 from ampsweep.tracking.secrets import refuse_in_name
@@ -163,8 +163,8 @@ def replay_journals(uri: str, roots: list[Path]) -> list[str]:
             if header.get("uri") != uri:
                 continue
             try:
-                held = lease.take(path.parent)  # the run's owner: nobody else replays it
-            except lease.Owned:
+                held = run_folder.take(path.parent)  # the run's owner: nobody else replays it
+            except run_folder.Owned:
                 continue
             try:
                 client = client or store.client_for(uri)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ampsweep import console
 from ampsweep.config.schema import Config, ConfigError, Tracker
-from ampsweep.engine import lease
-from ampsweep.engine.confighash import config_hash
+from ampsweep.engine import run_folder
+from ampsweep.engine.run_folder import config_hash
 from ampsweep.runner.context import JobOutcome, JobState
 from ampsweep.runner.signals import job_id_from_env
 from ampsweep.tracking import journal, store
@@ -104,8 +104,8 @@ class Resumer:
         if job.lease.folder == folder:
             return
         try:
-            held = lease.take(folder)
-        except lease.Owned as owned:
+            held = run_folder.take(folder)
+        except run_folder.Owned as owned:
             raise ConfigError(
                 f"trainer.checkpoint_dir: {owned}: another process trains this run; start a "
                 "new run (drop trainer.resume)"

@@ -16,7 +16,7 @@ from conftest import resumable
 from ampsweep.config import compose as config
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import build as train
-from ampsweep.engine import checkpoint, confighash, loop, resume_from
+from ampsweep.engine import checkpoint, loop, resume_from, run_folder
 from ampsweep.engine.data.batches import Batches
 
 FP16_GROWING = [  # a scale that grows every 2 clean steps, so it has changed by any stop
@@ -47,7 +47,7 @@ class StopAt(loop.Callback):
 def train_logged(cfg, state=None, stop=None, run_id="r"):
     setup = train.build(cfg)
     logged: list[tuple[int, dict]] = []
-    ckpts = checkpoint.Checkpointer(confighash.folder_for(cfg, run_id), cfg, run_id)
+    ckpts = checkpoint.Checkpointer(run_folder.folder_for(cfg, run_id), cfg, run_id)
     if state is not None:
         state = checkpoint.restore(setup, checkpoint.load(state))
     summary = loop.fit(
@@ -71,7 +71,7 @@ def test_resume_continues_exactly(tmp_path, mode):
     whole, whole_log, _, setup = train_logged(cfg, run_id="whole")
     with pytest.raises(loop.Interrupted, match="stopped at step 7"):
         train_logged(cfg, stop=StopAt(7), run_id="cut")  # step 7: mid log window
-    saved = checkpoint.checkpoints_in(confighash.folder_for(cfg, "cut"))
+    saved = checkpoint.checkpoints_in(run_folder.folder_for(cfg, "cut"))
     assert [p.name for p in saved] == ["step-00000004.pt", "step-00000007.pt"]  # keep=2
     cut = checkpoint.load(saved[-1])
     rest, rest_log, ckpts, resumed = train_logged(cfg, state=saved[-1], run_id="cut")
@@ -104,7 +104,7 @@ def test_checkpoint_is_data_and_restores_every_rng(tmp_path):
     expected = (random.random(), np.random.rand(), torch.rand(1))
     random.random(), np.random.rand(), torch.rand(1)  # move every generator on
     ckpt = torch.load(path, weights_only=True)  # plain data: no pickled code
-    assert ckpt["run_id"] == "abc" and ckpt["config_hash"] == confighash.config_hash(cfg)
+    assert ckpt["run_id"] == "abc" and ckpt["config_hash"] == run_folder.config_hash(cfg)
     assert ckpt["state"]["loss_sum"] == 1.5
     state = checkpoint.restore(train.build(cfg), ckpt)
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected

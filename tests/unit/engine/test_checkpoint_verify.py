@@ -1,6 +1,6 @@
-"""engine/checkpoint.py and engine/lease.py: a checkpoint proves itself (its digest), a
-damaged or cut-short one is never resumed (the newest good one is), a failed write leaves no
-temporary file (a full disk is one line), and a run's folder has one owner at a time."""
+"""engine/checkpoint.py and the lease of engine/run_folder.py: a checkpoint proves itself (its
+digest), a damaged or cut-short one is never resumed (the newest good one is), a failed write
+leaves no temporary file (a full disk is one line), and a run's folder has one owner at a time."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from conftest import resumable
 from ampsweep.config import compose as config
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import build as train
-from ampsweep.engine import checkpoint, confighash, lease, loop, resume_from
+from ampsweep.engine import checkpoint, loop, resume_from, run_folder
 from ampsweep.errors import FaultError
 
 
@@ -43,7 +43,7 @@ def damage(path: Path, n: int = 256) -> None:
 def run1(tmp_path):
     """A config and its run "run1" with checkpoints at steps 1, 2 and 3 (oldest first)."""
     cfg = config.load([*resumable(tmp_path / "ck", "trainer.max_steps=4"), "tracking=none"])
-    folder = confighash.folder_for(cfg, "run1")
+    folder = run_folder.folder_for(cfg, "run1")
     ckpts = checkpoint.Checkpointer(folder, cfg, "run1")
     ckpts.keep = 3
     setup = train.build(cfg)
@@ -141,30 +141,33 @@ def test_torch_writers_disk_full_error_is_recognised(tmp_path, monkeypatch):
 
 
 def test_a_lease_has_one_holder_and_records_a_dead_one(tmp_path):
-    held = lease.take(tmp_path / "run")
+    held = run_folder.take(tmp_path / "run")
     assert held.previous is None
-    with pytest.raises(lease.Owned) as owned:
-        lease.take(tmp_path / "run")  # a second holder, even in the same process
+    with pytest.raises(run_folder.Owned) as owned:
+        run_folder.take(tmp_path / "run")  # a second holder, even in the same process
     assert owned.value.owner.pid == os.getpid()
-    assert lease.held(tmp_path / "run").pid == os.getpid()
+    assert run_folder.held(tmp_path / "run").pid == os.getpid()
     held.release()
-    assert lease.held(tmp_path / "run") is None
-    again = lease.take(tmp_path / "run")
+    assert run_folder.held(tmp_path / "run") is None
+    again = run_folder.take(tmp_path / "run")
     assert again.previous is None  # released cleanly: nothing to record
     again.release()
     # a process that dies holding it: the lock goes with it, its record stays
-    code = (f"from ampsweep.engine import lease; import os; lease.take(__import__('pathlib')"
-            f".Path({str(tmp_path / 'run')!r})); os._exit(9)")  # fmt: skip
+    folder = tmp_path / "run"
+    code = (
+        "from ampsweep.engine import run_folder; import os; "
+        f"run_folder.take(__import__('pathlib').Path({str(folder)!r})); os._exit(9)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], check=False)
     assert proc.returncode == 9
-    taken = lease.take(tmp_path / "run")
+    taken = run_folder.take(tmp_path / "run")
     assert taken.previous is not None and taken.previous.pid != os.getpid()
     taken.release()
 
 
 def test_auto_leaves_a_run_that_is_being_trained_to_its_owner(run1):
     cfg, folder, _ = run1
-    owner = lease.take(folder)
+    owner = run_folder.take(folder)
     try:
         chosen, said = choose(cfg, "auto")
         assert chosen.ckpt is None and "is being trained by pid" in said[0]

@@ -12,7 +12,7 @@ import pytest
 from ampsweep.config import compose as config
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import build as train
-from ampsweep.engine import checkpoint, confighash, loop, resume_from
+from ampsweep.engine import checkpoint, loop, resume_from, run_folder
 from unit.engine.test_checkpoint import refusal, small
 
 
@@ -47,7 +47,7 @@ def test_resume_choices(tmp_path):
         resume_from.candidates_of_run("0123abcd", None)
     with pytest.raises(ConfigError, match="no such file"):
         resume_from.candidates(cfg, str(tmp_path / "nope.pt"))
-    folder = confighash.folder_for(cfg, "run1")
+    folder = run_folder.folder_for(cfg, "run1")
     ckpts = checkpoint.Checkpointer(folder, cfg, "run1")
     first = ckpts.save(train.build(cfg), loop.TrainState(step=1))
     assert picked(cfg, "auto") == first
@@ -62,7 +62,7 @@ def test_resume_choices(tmp_path):
 def saved(tmp_path):
     """A config and the two checkpoints of its run "run1": step 1, and the end (step 2)."""
     cfg = config.load(small(tmp_path, "trainer.max_steps=2"))
-    ckpts = checkpoint.Checkpointer(confighash.folder_for(cfg, "run1"), cfg, "run1")
+    ckpts = checkpoint.Checkpointer(run_folder.folder_for(cfg, "run1"), cfg, "run1")
     setup = train.build(cfg)
     mid = ckpts.save(setup, loop.TrainState(step=1))
     end = ckpts.save(setup, loop.TrainState(step=2), complete=True)

@@ -13,7 +13,7 @@ from torch import nn
 from ampsweep.config.compose import load
 from ampsweep.config.schema import ConfigError
 from ampsweep.engine import build as train
-from ampsweep.engine import checkpoint, confighash, loop
+from ampsweep.engine import checkpoint, loop, run_folder
 from ampsweep.engine.fp8 import check_fp8, plan
 from ampsweep.engine.models.vision import mlp
 from ampsweep.measure.cost import lookup_peak
@@ -170,7 +170,7 @@ def test_an_fp8_run_checkpoints_resumes_and_pickles(tmp_path):
     cfg = load(emulated("precision=fp8_rowwise", "model=mlp", "model.width=8",
                         "trainer.checkpoint_every=3", tmp_path=tmp_path))  # fmt: skip
     setup = train.build(cfg)
-    folder = confighash.folder_for(cfg, "run")
+    folder = run_folder.folder_for(cfg, "run")
     loop.fit(setup, lambda m, s: None, checkpoints=checkpoint.Checkpointer(folder, cfg, "run"))
     saved = checkpoint.checkpoints_in(folder)
     mid = next(p for p in saved if p.name == "step-00000003.pt")

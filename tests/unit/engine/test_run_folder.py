@@ -1,10 +1,10 @@
-"""engine/confighash.py: how a run is recorded, and what watches it, are not part of what
+"""engine/run_folder.py: how a run is recorded, and what watches it, are not part of what
 determines its result."""
 
 from __future__ import annotations
 
 from ampsweep.config.compose import load
-from ampsweep.engine.confighash import comparable, config_hash
+from ampsweep.engine.run_folder import comparable, config_hash
 
 
 def test_recording_settings_leave_the_config_hash_alone():
