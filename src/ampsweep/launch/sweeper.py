@@ -16,6 +16,12 @@ The sweeper is Hydra's basic sweeper (the same options, ``hydra.sweeper.params``
 - A launcher that takes composed configs (``launch_composed``: ampsweep's own) runs them as
   they are; any other is given the jobs' overrides, and composes each job where it runs it.
 
+Whichever sweeper a command picks (ampsweep's, Hydra's basic one, optuna's), ``check_sweep``
+reads its sweep first: one with no job (an empty ``range()``, a ``glob()`` that matches
+nothing) or that the sweeper would refuse only once running (optuna's ``n_trials=0``, a
+reversed ``interval()``) is refused with one line before the sweep dir or the parent run
+exists. The values of each override come from ``config.sweeps``.
+
 The launcher runs the jobs one after another in this process, as Hydra's basic launcher does
 but from configs composed already. Given overrides (by another sweeper: optuna's trials, say)
 it composes and checks each batch as it comes, as the sweeper does.
@@ -214,8 +220,9 @@ def check_sweep(cfg: DictConfig, loader: ConfigLoader) -> None:
     if "optuna" in target:
         _check_search(overrides, sweeper)
         return
-    for o in overrides:  # Hydra's basic sweeper, or another one
-        if o.is_interval_sweep():
+    lists = target.endswith(".BasicSweeper")  # Hydra's own; another may search an interval
+    for o in overrides:
+        if o.is_interval_sweep() and not lists:
             _check_interval(o)
         else:
             sweep_values(o)

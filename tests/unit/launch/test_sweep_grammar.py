@@ -24,6 +24,8 @@ REFUSED = [
     (["precision=fp32,zz"], "no such option in config group 'precision'"),
     (["trainer.seed=range(0,1,0.5)"], "expected an integer"),
     (["hydra.sweeper.max_batch_size=-1", "precision=fp32,bf16"], "give 1 or more"),
+    (["hydra/sweeper=basic", "optimizer.lr=interval(0.001,0.1)"], "interval() has no list"),
+    (["hydra/sweeper=basic", "trainer.seed=range(3,0)"], "an empty range"),
     ([OPTUNA, "hydra.sweeper.n_trials=0"], "a search runs at least one trial"),
     ([OPTUNA, "hydra.sweeper.n_jobs=0"], "a search runs at least one at a time"),
     ([OPTUNA, "hydra.sweeper.max_failure_rate=2"], "from 0 to 1"),
