@@ -4,6 +4,7 @@ loop, FLOPs counting and the underflow diagnostics all use the run's one objecti
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,10 +12,11 @@ import torch.nn.functional as F
 
 from ampsweep.config import compose
 from ampsweep.config.schema import ConfigError
+from ampsweep.config.score import ACCURACY, PERPLEXITY, from_tags
 from ampsweep.engine import loop
 from ampsweep.engine.build import build
 from ampsweep.engine.data.batches import Batches
-from ampsweep.engine.tasks import Classification, LanguageModeling, Objective
+from ampsweep.engine.tasks import Classification, LanguageModeling, Objective, build_objective
 from ampsweep.measure import cost
 from ampsweep.measure.diagnostics import Diagnostics, reference_grads
 from ampsweep.precision.policy import build_policy
@@ -131,3 +133,20 @@ def test_a_language_model_run_logs_perplexity_and_tokens_per_second():
     assert summary["perf/tokens_per_s"] == pytest.approx(16 * summary["perf/samples_per_s"])
     assert summary["val/perplexity"] == pytest.approx(math.exp(summary["val/loss"]), rel=1e-6)
     assert summary["data/unigram_perplexity"] > 1 and summary["perf/gflops_per_step"] > 0
+
+
+def test_the_task_owns_its_score_and_task_tolerance_sets_how_near_counts_as_held():
+    def score(*overrides):
+        return build_objective(compose.load(list(overrides)), CPU).task.score
+
+    assert score() == ACCURACY and ACCURACY.tolerance == 0.015  # 1.5 points
+    tight = score("task.tolerance=0.005")
+    assert tight.name == "val/acc" and tight.higher_is_better and tight.tolerance == 0.005
+    assert tight.held(0.980, 0.984) and not tight.held(0.978, 0.984)
+    assert from_tags(tight.tags()) == tight  # what the run records, the report reads back
+    lm = score("task=language_modeling", "task.tolerance=0.1")
+    assert lm == replace(PERPLEXITY, tolerance=0.1)
+    assert lm.held(10.9, 10.0) and lm.held(5.0, 10.0) and not lm.held(11.2, 10.0)  # lower wins
+    assert LanguageModeling().metrics((2.0, 7.4)) == {"val/loss": 2.0, "val/perplexity": 7.4}
+    with pytest.raises(ConfigError, match=r"task.tolerance=-1 \(task=classification\)"):
+        score("task.tolerance=-1")
