@@ -47,6 +47,9 @@ def test_train_records_as_the_command_line_does(store, tmp_path, monkeypatch):
     assert run.curve("train/loss")[0] == [2, 4, 6]  # log_every=2, max_steps=6
     assert run.curve("val/acc")[1] == [run.summary["val/acc"]]
     assert run.config["precision"]["name"] == "bf16" and run.config["trainer"]["max_steps"] == 6
+    # the task's score: recorded on the run for the report, and the result's own
+    assert run.score.name == api.data.tags["score.name"] == "val/acc"
+    assert run.score.tolerance == float(api.data.tags["score.tolerance"]) == 0.015
 
 
 def test_a_refused_command_raises_its_one_line_and_records_nothing(store, tmp_path, monkeypatch):
