@@ -147,8 +147,8 @@ def from_tags(tags: dict[str, str], metrics: dict[str, float] | None = None) -> 
     None when it has neither."""
     name = tags.get(f"{PREFIX}name")
     if not name:
-        metrics = metrics or {}
-        return next((s for m, s in reversed(KNOWN.items()) if m in metrics), None)
+        metrics = metrics or {}  # a language model may log an accuracy too: perplexity first
+        return next((s for s in (PERPLEXITY, ACCURACY) if s.name in metrics), None)
     known = KNOWN.get(name, Score(name, name.rsplit("/", 1)[-1]))
     changes = {}
     for f in fields(Score):
