@@ -125,27 +125,7 @@ def build_planned(cfg: Config) -> Setup:
     splits = data.load(cfg.dataset, cfg.task.name)
     recorded = cfg.tracking.backend == Tracker.mlflow and rank.is_main
     data_inputs = fingerprint.describe(cfg.dataset, splits) if recorded else []
-    preload = data.should_preload(cfg.dataset, splits)
-    train_split, val_split = splits.train, splits.val
-    if preload and not splits.in_memory:
-        train_split, val_split = data.materialise(train_split), data.materialise(val_split)
-    common = dict(
-        device=device,
-        dtype=policy.param_dtype,
-        seed=t.seed,
-        preload=preload,
-        num_workers=t.num_workers,
-        channels_last=t.channels_last,
-        rank=rank.rank,
-        world_size=rank.world_size,
-    )
-    augment = Augment(cfg.dataset.random_crop_padding, cfg.dataset.horizontal_flip)
-    train_batches = Batches(
-        train_split, t.batch_size, shuffle=True, drop_last=True, augment=augment, **common
-    )
-    if fsdp:  # every rank scores the whole split: FSDP's forward needs every rank in step
-        common.update(rank=0, world_size=1)
-    val_batches = Batches(val_split, t.batch_size, shuffle=False, drop_last=False, **common)
+    train_batches, val_batches, preload = _batches(cfg, splits, policy, device, fsdp)
     steps_per_epoch = len(train_batches) // t.grad_accum_steps
     if steps_per_epoch == 0:
         raise ConfigError(
@@ -158,36 +138,12 @@ def build_planned(cfg: Config) -> Setup:
     model = models.build_model(cfg.model, splits.input_shape, splits.num_classes).to(device)
     check_fit(model, objective, splits, cfg, device)  # also gives lazy layers their shapes
     num_params = models.count_parameters(model)
-    model = policy.prepare_model(model)
-    conversion = Conversion()
-    if policy.mode.fp8:  # before the optimizer is built: converted layers are new modules
-        x, _ = next(iter(train_batches.epoch(0)))
-        conversion = convert_fp8(
-            model, policy.mode, policy.fp8, x, cfg.model.name, policy.kept, fsdp=fsdp
-        )
-    policy.keep_modules_fp32(model)  # precision.keep_fp32: out of autocast (and of fp8)
-    if t.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    skeleton = None
-    if fsdp:  # each rank keeps a shard of every block; FSDP averages the gradients
-        skeleton = sharded.template(model)
-        model = sharded.shard(model, cfg)
-    else:
-        model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
+    model, conversion, skeleton = _prepared(model, cfg, policy, device, train_batches, fsdp)
     optimizer = optim.build_optimizer(cfg.optimizer, model, device)
     schedule = optim.build_schedule(cfg.optimizer, optimizer, total)
     if t.compile:
         model = torch.compile(model)
-    loss_weight = t.loss_multiplier / t.grad_accum_steps
-    locator = NoLocator()
-    if cfg.diagnostics.locate_nonfinite:
-        locator = NonfiniteLocator(policy, objective, loss_weight)
-    callbacks = [locator]
-    if fsdp and policy.mode.fp8:  # each fp8 weight's scale for the next all-gather
-        callbacks.append(sharded.Float8Scales(model))
-    d = cfg.diagnostics
-    if policy.mode.pure and (d.every or d.numerics):  # the updates its rounding throws away
-        callbacks.append(LostUpdates(policy.mode.dtype, d.every or t.log_every))
+    diagnostics, locator, callbacks = _callbacks(cfg, policy, objective, model, fsdp)
     return Setup(
         cfg=cfg,
         device=device,
@@ -209,7 +165,7 @@ def build_planned(cfg: Config) -> Setup:
             "preload": preload,
             **splits.info,
         },
-        diagnostics=Diagnostics(cfg.diagnostics, loss_weight),
+        diagnostics=diagnostics,
         objective=objective,
         reference=splits.reference,
         fp8=conversion,
@@ -218,6 +174,79 @@ def build_planned(cfg: Config) -> Setup:
         callbacks=callbacks,
         skeleton=skeleton,
     )
+
+
+def _batches(cfg: Config, splits, policy, device, fsdp: bool) -> tuple[Batches, Batches, bool]:
+    """The training and validation batches of ``splits`` on ``device``, and whether they were
+    preloaded there (data that fits in memory is)."""
+    t, rank = cfg.trainer, distributed.current()
+    preload = data.should_preload(cfg.dataset, splits)
+    train_split, val_split = splits.train, splits.val
+    if preload and not splits.in_memory:
+        train_split, val_split = data.materialise(train_split), data.materialise(val_split)
+    common = dict(
+        device=device,
+        dtype=policy.param_dtype,
+        seed=t.seed,
+        preload=preload,
+        num_workers=t.num_workers,
+        channels_last=t.channels_last,
+        rank=rank.rank,
+        world_size=rank.world_size,
+    )
+    augment = Augment(cfg.dataset.random_crop_padding, cfg.dataset.horizontal_flip)
+    train_batches = Batches(
+        train_split, t.batch_size, shuffle=True, drop_last=True, augment=augment, **common
+    )
+    if fsdp:  # every rank scores the whole split: FSDP's forward needs every rank in step
+        common.update(rank=0, world_size=1)
+    val_batches = Batches(val_split, t.batch_size, shuffle=False, drop_last=False, **common)
+    return train_batches, val_batches, preload
+
+
+def _prepared(model, cfg: Config, policy: PrecisionPolicy, device, batches: Batches, fsdp: bool):
+    """The model as the run trains it: in the policy's dtype, its eligible Linear layers in fp8
+    (an fp8 mode; before the optimizer is built: converted layers are new modules), the modules
+    ``precision.keep_fp32`` names out of autocast, channels-last, sharded or wrapped by DDP.
+    Returns it, the fp8 conversion, and the unsharded skeleton under FSDP (else None)."""
+    t = cfg.trainer
+    model = policy.prepare_model(model)
+    conversion = Conversion()
+    if policy.mode.fp8:
+        x, _ = next(iter(batches.epoch(0)))
+        conversion = convert_fp8(
+            model, policy.mode, policy.fp8, x, cfg.model.name, policy.kept, fsdp=fsdp
+        )
+    policy.keep_modules_fp32(model)  # precision.keep_fp32: out of autocast (and of fp8)
+    if t.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    skeleton = None
+    if fsdp:  # each rank keeps a shard of every block; FSDP averages the gradients
+        skeleton = sharded.template(model)
+        model = sharded.shard(model, cfg)
+    else:
+        model = distributed.wrap(model, device)  # DDP averages gradients over the ranks
+    return model, conversion, skeleton
+
+
+def _callbacks(cfg: Config, policy: PrecisionPolicy, objective: Objective, model, fsdp: bool):
+    """The run's own per-step callbacks (``engine.loop.Callback``): gradient-underflow
+    diagnostics (``diagnostics.every``), the locator of the first non-finite value
+    (``diagnostics.locate_nonfinite``), fp8 scales under FSDP, a pure mode's lost updates.
+    Returns the diagnostics, the locator (null objects when off) and the list."""
+    t, d = cfg.trainer, cfg.diagnostics
+    loss_weight = t.loss_multiplier / t.grad_accum_steps
+    diagnostics = Diagnostics(d, loss_weight, objective)
+    locator = NoLocator()
+    if d.locate_nonfinite:
+        locator = NonfiniteLocator(policy, objective, loss_weight)
+    # Diagnostics first: it measures the step's gradients before anything reacts to them.
+    callbacks = [diagnostics, locator] if d.every > 0 else [locator]
+    if fsdp and policy.mode.fp8:  # each fp8 weight's scale for the next all-gather
+        callbacks.append(sharded.Float8Scales(model))
+    if policy.mode.pure and (d.every or d.numerics):  # the updates its rounding throws away
+        callbacks.append(LostUpdates(policy.mode.dtype, d.every or t.log_every))
+    return diagnostics, locator, callbacks
 
 
 def check_fit(

@@ -11,9 +11,7 @@ request, so the loop never asks whether one is there.
 from __future__ import annotations
 
 import itertools
-import re
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +20,7 @@ import torch
 from ampsweep.engine import distributed, sharded
 from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
+from ampsweep.engine.optim import step_schedule
 from ampsweep.engine.tasks import Objective, default_objective
 from ampsweep.measure import cost, names
 from ampsweep.measure.cost import SavedTensorMeter, StepTimer, peak_memory
@@ -144,6 +143,13 @@ class Totals:
         if self.scaled:  # without a scaler no step is ever skipped
             self.skipped += skipped
 
+    def end_step(self, loss: torch.Tensor, skipped: torch.Tensor, scaler) -> None:
+        """An optimizer step ended: its time, its skip, and the divergence watch told of its
+        last micro-batch's loss (detached; settled at log steps)."""
+        self.timer.stop()
+        self.add_skipped(skipped)
+        self.watch.observe(loss, skipped, scaler)
+
     def _loss_sum(self) -> torch.Tensor:
         if not self._losses:
             return self._carried.clone()
@@ -186,22 +192,6 @@ class Totals:
 
 # ---------------------------------------------------------------- the loop
 
-# The scheduler steps even when the scaler skipped the optimizer step (the schedule follows
-# steps taken, not updates applied); PyTorch warns about that order, which is intended here.
-SCHEDULER_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before")
-
-
-def _schedule_step(schedule, first: bool) -> None:
-    """Step the schedule, quiet about the order above. PyTorch checks the order on the
-    schedule's first step only (a resumed schedule's step count comes from its checkpoint), so
-    only a run's first step pays for the warning filter (a few microseconds a step)."""
-    if not first:
-        schedule.step()
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=SCHEDULER_ORDER_WARNING)
-        schedule.step()
-
 
 def _weighted(loss: torch.Tensor, weight: float) -> torch.Tensor:
     """What backward sees: the loss times ``loss_multiplier / grad_accum_steps``, without a
@@ -226,81 +216,52 @@ def fit(
     hooks (``Callback``), after the run's own (``s.callbacks``: the non-finite locator).
     """
     t = s.cfg.trainer
-    model, optimizer, scaler, policy, diag = s.model, s.optimizer, s.scaler, s.policy, s.diagnostics
-    objective = s.objective
+    model, optimizer, scaler, policy = s.model, s.optimizer, s.scaler, s.policy
+    objective, plain = s.objective, distributed.unwrap(s.model)
     accum = t.grad_accum_steps
     loss_weight = t.loss_multiplier / accum  # what backward sees (train/loss is unweighted)
     state = state or TrainState()
-    timer = StepTimer(s.device, t.timing_warmup_steps)
-    totals = Totals(s.device, state, timer, model, scaled=scaler.is_enabled())
-    watch = totals.watch = NonfiniteWatch(
-        t.max_nonfinite_steps,
-        s.cfg.precision.scaler.min_scale,
-        scaler,
-        state.nonfinite_run,
-        explain=s.locator.advice,
-    )
-    callbacks = [*s.callbacks, *callbacks]
-    before_update = _hooked(callbacks, "before_update")
-    after_step = _hooked(callbacks, "after_step")
-    plain = distributed.unwrap(model)
-    step_batches, step_losses = [], []  # the current step's micro-batches (references)
+    totals = _totals(s, state)
+    before_update, after_step = _hooked([*s.callbacks, *callbacks])
     evaluation = (float("nan"), float("nan"))  # (val/loss, the task's score)
     model.train()
     while not _finished(state, t):
         progress.start_epoch(state.epoch, t.epochs, s.steps_per_epoch)
         for x, y in _batches_left(s, state):
-            if state.batch % accum == 0:
-                timer.start()
-                step_batches, step_losses = [], []
+            if state.batch % accum == 0:  # a new optimizer step: its micro-batches to come
+                totals.timer.start()
+                view = StepView(state.step + 1, plain, optimizer, scaler, [], [], None, log)
+            first_batch = state.step == 0 and state.batch == 0  # its saved tensors are measured
             # Under DDP, gradients are all-reduced on the step's last micro-batch only (the
             # others accumulate locally): one synchronisation per optimizer step.
             with distributed.gradient_sync(model, sync=(state.batch + 1) % accum == 0):
                 # Autocast covers the forward pass and the loss only; backward runs outside
                 # it. The loss is computed in fp32 on fp32 logits (the objective upcasts them).
-                with (
-                    policy.autocast(),
-                    totals.meter.record(enabled=state.step == 0 and state.batch == 0),
-                ):
+                with policy.autocast(), totals.meter.record(enabled=first_batch):
                     logits = model(x)
                     loss = objective(logits, y)
                 # Scale the loss so small fp16 gradients do not underflow (a no-op when off).
                 scaler.scale(_weighted(loss, loss_weight)).backward()
             detached = totals.add_loss(loss)
-            step_batches.append((x, y))
-            step_losses.append(detached)
+            view.micro_batches.append((x, y))
+            view.losses.append(detached)
             state.batch += 1
             if state.batch % accum:
                 continue  # accumulate gradients over micro-batches
             # Unscale in place first, so clipping sees (and the step applies) true gradients.
             scaler.unscale_(optimizer)
-            if diag.due(state.step + 1):  # gradient underflow, measured on true gradients
-                log(diag.measure(plain, scaler, x, y, objective), state.step + 1)
-            skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
-            view = StepView(
-                state.step + 1, plain, optimizer, scaler, step_batches, step_losses, skipped, log
-            )
-            for callback in before_update:  # e.g. locate a non-finite step before it is applied
+            view.skipped = found_inf(scaler, optimizer)  # scaler.step skips an inf/NaN step
+            for callback in before_update:  # gradient underflow; where a non-finite step began
                 callback.before_update(view)
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             scaler.step(optimizer)
             scaler.update()  # dynamic: back off on inf, grow after growth_interval clean steps
             optimizer.zero_grad(set_to_none=True)
-            _schedule_step(s.schedule, first=state.step == 0)
+            step_schedule(s.schedule, first=state.step == 0)
             state.step += 1
-            timer.stop()
-            totals.add_skipped(skipped)
-            watch.observe(detached, skipped, scaler)  # divergence: settled at log steps
-
-            if state.step % t.log_every == 0:
-                metrics = totals.take_metrics(s.schedule, scaler)  # a sync point
-                log(metrics, state.step)
-                progress.update(state.step, metrics, timer.last_ms())
-                watch.check(state.step)  # raises Diverged (the device is synced here anyway)
-            if checkpoints.due(state.step) and not _finished(state, t):
-                watch.check(state.step)  # never checkpoint a run that has diverged
-                checkpoints.save(s, totals.save_to(state))
+            totals.end_step(detached, view.skipped, scaler)
+            _log_and_save(s, state, totals, log, progress, checkpoints)
             for callback in after_step:
                 callback.after_step(state)
             if stop.requested:  # SIGTERM / Ctrl-C, seen between optimizer steps
@@ -314,15 +275,47 @@ def fit(
             evaluation = evaluate(model, s.val_batches, policy, objective)
             log(objective.task.metrics(evaluation), state.step)
 
-    watch.check(state.step)  # the steps since the last log step
+    totals.watch.check(state.step)  # the steps since the last log step
     checkpoints.save(s, totals.save_to(state), complete=True)
     return summarise(s, state, totals, evaluation)
 
 
-def _hooked(callbacks: list[Callback], hook: str) -> list[Callback]:
-    """The callbacks that do something at ``hook``: an inherited no-op of ``Callback`` is left
-    out (a call a step, for nothing)."""
-    return [c for c in callbacks if getattr(type(c), hook, None) is not getattr(Callback, hook)]
+def _totals(s: Setup, state: TrainState) -> Totals:
+    """The running totals of a run starting at ``state``, with its step timer and the watch
+    that stops it when its loss stays non-finite."""
+    t = s.cfg.trainer
+    timer = StepTimer(s.device, t.timing_warmup_steps)
+    totals = Totals(s.device, state, timer, s.model, scaled=s.scaler.is_enabled())
+    totals.watch = NonfiniteWatch(
+        t.max_nonfinite_steps,
+        s.cfg.precision.scaler.min_scale,
+        s.scaler,
+        state.nonfinite_run,
+        explain=s.locator.advice,
+    )
+    return totals
+
+
+def _log_and_save(s: Setup, state: TrainState, totals: Totals, log, progress, checkpoints) -> None:
+    """After an optimizer step: the metrics at a log step, a checkpoint when one is due."""
+    t, watch = s.cfg.trainer, totals.watch
+    if state.step % t.log_every == 0:
+        metrics = totals.take_metrics(s.schedule, s.scaler)  # a sync point
+        log(metrics, state.step)
+        progress.update(state.step, metrics, totals.timer.last_ms())
+        watch.check(state.step)  # raises Diverged (the device is synced here anyway)
+    if checkpoints.due(state.step) and not _finished(state, t):
+        watch.check(state.step)  # never checkpoint a run that has diverged
+        checkpoints.save(s, totals.save_to(state))
+
+
+def _hooked(callbacks: list[Callback]) -> tuple[list[Callback], list[Callback]]:
+    """The callbacks that do something at ``before_update``, and those at ``after_step``: an
+    inherited no-op of ``Callback`` is left out (a call a step, for nothing)."""
+    return tuple(
+        [c for c in callbacks if getattr(type(c), hook, None) is not getattr(Callback, hook)]
+        for hook in ("before_update", "after_step")
+    )
 
 
 def _batches_left(s: Setup, state: TrainState):

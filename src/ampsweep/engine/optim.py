@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import math
+import re
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +125,24 @@ def build_schedule(
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# The scheduler steps even when the scaler skipped the optimizer step (the schedule follows
+# steps taken, not updates applied); PyTorch warns about that order, which is intended here.
+SCHEDULER_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before")
+
+
+def step_schedule(schedule, first: bool) -> None:
+    """Step the schedule (the training loop does, after each optimizer step), quiet about the
+    order above. PyTorch checks the order on the
+    schedule's first step only (a resumed schedule's step count comes from its checkpoint), so
+    only a run's first step pays for the warning filter (a few microseconds a step)."""
+    if not first:
+        schedule.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SCHEDULER_ORDER_WARNING)
+        schedule.step()
 
 
 # ---------------------------------------------------------------- losses

@@ -82,9 +82,15 @@ SCALED = ("amp/grad_underflow_frac_scaled", "amp/grad_subnormal_frac_scaled")
 class Diagnostics:
     """Measures gradient underflow every ``cfg.every`` steps; keeps per-layer totals."""
 
-    def __init__(self, cfg: DiagnosticsConfig | None = None, loss_weight: float = 1.0):
+    def __init__(
+        self,
+        cfg: DiagnosticsConfig | None = None,
+        loss_weight: float = 1.0,
+        loss: LossFn = cross_entropy,
+    ):
         cfg = cfg or DiagnosticsConfig()
         self.every, self.per_layer, self.loss_weight = cfg.every, cfg.per_layer, loss_weight
+        self.loss = loss  # the run's loss (its objective)
         self.names: list[str] = []
         self.totals: torch.Tensor | None = None  # (layers, len(COUNTS)) float64, on the CPU
         self.measurements = 0
@@ -93,6 +99,15 @@ class Diagnostics:
     def due(self, step: int) -> bool:
         """Whether to measure at this optimizer step (1-based). One comparison when off."""
         return self.every > 0 and step % self.every == 0
+
+    def before_update(self, view) -> None:
+        """The training loop's hook (``engine.loop.Callback``): at a due step, measure on the
+        step's last micro-batch and log the fractions."""
+        if self.due(view.step):
+            x, y = view.micro_batches[-1]
+            view.log(self.measure(view.module, view.scaler, x, y, self.loss), view.step)
+
+    def after_step(self, state) -> None: ...
 
     def measure(
         self,

@@ -10,7 +10,7 @@ import torch
 
 from ampsweep.config import compose as config
 from ampsweep.engine import build as train
-from ampsweep.engine import loop
+from ampsweep.engine import loop, optim
 from ampsweep.engine.data import batches as data
 from ampsweep.precision.policy import build_policy
 
@@ -243,5 +243,5 @@ def test_pytorchs_scheduler_order_warning_is_not_shown_for_a_skipped_step(quick,
 
     assert warnings_of_a_skipping_run() == []
     # Without the loop's filter the same run does warn, so the check above can fail.
-    monkeypatch.setattr(loop, "SCHEDULER_ORDER_WARNING", "a message PyTorch never writes")
+    monkeypatch.setattr(optim, "SCHEDULER_ORDER_WARNING", "a message PyTorch never writes")
     assert warnings_of_a_skipping_run() != []
