@@ -20,8 +20,7 @@ from ampsweep.config.schema import ConfigError
 from ampsweep.engine import run_folder
 from ampsweep.engine.run_folder import DEFAULT_ROOT
 from ampsweep.errors import FaultError
-from ampsweep.runner.plan import replay_journals
-from ampsweep.tracking import store
+from ampsweep.tracking import journal, store
 from ampsweep.tracking import sweep as sweeps
 
 
@@ -47,7 +46,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     root = (args.checkpoint_dir or DEFAULT_ROOT).expanduser().resolve()
     try:
         store.check(uri, key="--tracking-uri")
-        lines = replay_journals(uri, [root]) + end_orphans(uri, root)
+        lines = journal.replay_all(uri, [root]) + end_orphans(uri, root)
     except (ConfigError, FaultError) as err:
         console.error(str(err))
         return 2 if isinstance(err, ConfigError) else 1

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ampsweep import console
 from ampsweep.config.compose import to_config
 from ampsweep.config.schema import Config, ConfigError, Tracker
-from ampsweep.engine import components, run_folder
+from ampsweep.engine import components
 from ampsweep.engine.build import preflight, resolve_precision
 from ampsweep.engine.run_folder import root_of
 from ampsweep.errors import FaultError
@@ -89,7 +88,7 @@ def _open_stores(configs: list[Config]) -> None:
         store.check(uri, key)  # an unreachable server fails here, before training
         store.prepare(uri)
         roots = [root_of(c) for c in configs if store.resolve_uri(c.tracking.uri) == uri]
-        for line in replay_journals(uri, roots):  # what an outage kept, written now
+        for line in journal.replay_all(uri, roots):  # what an outage kept, written now
             console.note(line)
     experiments = {
         (store.resolve_uri(c.tracking.uri), c.tracking.experiment)
@@ -150,28 +149,3 @@ class SweepChecks:
         else:
             self.on_first(nodes, planned)
         self.batches += 1
-
-
-def replay_journals(uri: str, roots: list[Path]) -> list[str]:
-    """Write every journal under ``roots`` kept for the store at ``uri`` whose run no live
-    process owns (its owner writes its own), and remove it; what was written, one line each.
-    A store still down raises its one line."""
-    done, client = [], None
-    for root in dict.fromkeys(roots):
-        for path in journal.journals_under(root):
-            header, _ = journal.read(path)
-            if header.get("uri") != uri:
-                continue
-            try:
-                held = run_folder.take(path.parent)  # the run's owner: nobody else replays it
-            except run_folder.Owned:
-                continue
-            try:
-                client = client or store.client_for(uri)
-                run_id, n = journal.replay(path, client)
-            except Exception as err:
-                raise store.fault(err, uri) or err from None
-            finally:
-                held.release()
-            done.append(f"wrote {n} records of run {run_id} that waited in {path}")
-    return done

@@ -19,6 +19,7 @@ import os
 import threading
 from pathlib import Path
 
+from ampsweep.engine import run_folder
 from ampsweep.tracking import store
 
 NAME = "journal.jsonl"
@@ -140,3 +141,28 @@ def replay(path: Path, client) -> tuple[str, int]:
 def journals_under(root: Path) -> list[Path]:
     """The journals left in the run folders under a checkpoint root."""
     return sorted(root.glob(f"*/*/{NAME}")) if root.is_dir() else []
+
+
+def replay_all(uri: str, roots: list[Path]) -> list[str]:
+    """Write every journal under ``roots`` kept for the store at ``uri`` whose run no live
+    process owns (its owner writes its own), and remove it; what was written, one line each.
+    A store still down raises its one line."""
+    done, client = [], None
+    for root in dict.fromkeys(roots):
+        for path in journals_under(root):
+            header, _ = read(path)
+            if header.get("uri") != uri:
+                continue
+            try:
+                held = run_folder.take(path.parent)  # the run's owner: nobody else replays it
+            except run_folder.Owned:
+                continue
+            try:
+                client = client or store.client_for(uri)
+                run_id, n = replay(path, client)
+            except Exception as err:
+                raise store.fault(err, uri) or err from None
+            finally:
+                held.release()
+            done.append(f"wrote {n} records of run {run_id} that waited in {path}")
+    return done
