@@ -16,7 +16,7 @@ from torch import nn
 from ampsweep.config import compose as config
 from ampsweep.config.schema import ConfigError, Strategy, validate
 from ampsweep.engine import sharded
-from ampsweep.engine.models.gpt import GPT
+from ampsweep.engine.models.language import GPT
 from ampsweep.precision import modes
 from ampsweep.precision.modes import Dtype
 from ampsweep.precision.policy import build_policy

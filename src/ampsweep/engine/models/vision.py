@@ -1,9 +1,23 @@
 """The image models: the small built-in ones (an MLP and a convnet, sized for CPU runs on small
-images), and torchvision's ResNets and VisionTransformer, adapted to small images and any channel
-count."""
+images), torchvision's ResNets and VisionTransformer, adapted to small images and any channel
+count, and any timm architecture (``model=timm``, extra ``ampsweep[timm]``), built with random
+weights unless ``model.pretrained=true``.
+
+Everything that can refuse a library's model (the library missing, an unknown architecture,
+pretrained weights that are not here and cannot be fetched) is a check of the builder's
+settings, so it fails with one line before any run is recorded.
+"""
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
+import os
+import socket
+from typing import Any
+
+import torch
 from torch import nn
 
 from ampsweep.config.schema import ConfigError
@@ -158,3 +172,101 @@ def vit(
     if c != 3:
         model.conv_proj = nn.Conv2d(c, hidden_dim, patch_size, stride=patch_size)
     return model
+
+
+# ---------------------------------------------------------------- timm
+
+
+def _check_timm(s: dict) -> list[str]:
+    arch = s["arch"]
+    try:
+        import timm
+    except ImportError:
+        return [
+            f"arch={arch}: model=timm needs the timm package, which is not installed: "
+            "pip install 'ampsweep[timm]'"
+        ]
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models(), n=3)
+        hint = f"did you mean {', '.join(close)}?; " if close else ""
+        return [
+            f"arch={arch}: not a timm architecture: {hint}list them with "
+            "python -c 'import timm; print(timm.list_models())'"
+        ]
+    problem = _pretrained_problem(arch) if s["pretrained"] else None
+    return [problem] if problem else []
+
+
+@functools.cache
+def _pretrained_problem(arch: str) -> str | None:
+    """Why the pretrained weights of ``arch`` cannot be had, or None once they are in the local
+    cache (fetched now, before any run, when they are missing and the hub is reachable)."""
+    import timm
+    from timm.models import get_pretrained_cfg
+
+    pc = get_pretrained_cfg(arch)
+    if pc is None or not (pc.hf_hub_id or pc.url):
+        return f"pretrained=true: timm has no pretrained weights for {arch}: use pretrained=false"
+    if _cached(pc):
+        return None
+    host = "huggingface.co" if pc.hf_hub_id else pc.url.split("/")[2]
+    if not _reachable(host):
+        return (
+            f"pretrained=true: the weights of {arch} are not in the local cache and {host} "
+            "cannot be reached (no network): use model.pretrained=false, or fetch them once on "
+            f"a machine with network (python -c \"import timm; timm.create_model('{arch}', "
+            'pretrained=True)") and copy the Hugging Face cache here'
+        )
+    try:
+        timm.create_model(arch, pretrained=True)  # fetches into the cache, once
+    except Exception as err:
+        return f"pretrained=true: fetching the weights of {arch} failed: {str(err).splitlines()[0]}"
+    return None
+
+
+def _cached(pc) -> bool:
+    if pc.hf_hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        repo = pc.hf_hub_id.split("@")[0]
+        names = [pc.hf_hub_filename] if getattr(pc, "hf_hub_filename", None) else []
+        names += ["model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"]
+        return any(isinstance(try_to_load_from_cache(repo, n), str) for n in names)
+    folder = os.path.join(torch.hub.get_dir(), "checkpoints")
+    return os.path.isfile(os.path.join(folder, os.path.basename(pc.url)))
+
+
+def _reachable(host: str) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        return False
+    try:
+        with socket.create_connection((host, 443), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+@MODELS.register("timm", check=_check_timm, extra="timm")
+def timm_model(
+    num_classes: int,
+    in_channels: int,
+    image_size: int,
+    *,
+    arch: str = "resnet18d",
+    pretrained: bool = False,
+    args: dict[str, Any] | None = None,
+) -> nn.Module:
+    """``timm.create_model(arch)`` for the data's classes and channels; ``args`` are the
+    architecture's own keyword arguments (``model.args.drop_rate=0.1``). Architectures that
+    take an image size (ViTs) get the data's unless ``model.args.img_size`` is given."""
+    import timm
+    from timm.models import model_entrypoint
+
+    kwargs = dict(args or {})
+    cls = inspect.signature(model_entrypoint(arch)).return_annotation
+    if "img_size" not in kwargs and inspect.isclass(cls):
+        if "img_size" in inspect.signature(cls).parameters:
+            kwargs["img_size"] = image_size
+    return timm.create_model(
+        arch, pretrained=pretrained, num_classes=num_classes, in_chans=in_channels, **kwargs
+    )

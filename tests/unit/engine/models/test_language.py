@@ -1,7 +1,11 @@
-"""engine/models/gpt: a causal decoder-only transformer with a tied head; its size checks and
-its fit to the data's sequence length are refused in one line before anything runs."""
+"""engine/models/language: a causal decoder-only transformer with a tied head; its size checks
+and its fit to the data's sequence length are refused in one line before anything runs; Hugging
+Face causal LMs take their size and vocabulary from the config and the data, and a missing
+library, an unknown architecture or config key are refused in one line."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -9,6 +13,8 @@ import torch
 from ampsweep.config import compose
 from ampsweep.config.schema import ConfigError, ModelConfig
 from ampsweep.engine import components
+from ampsweep.engine.build import build
+from ampsweep.engine.loop import fit
 from ampsweep.engine.models import MODELS, build_model
 
 
@@ -86,3 +92,61 @@ def test_a_model_and_data_set_of_different_tasks_are_refused(overrides, message)
     with pytest.raises(ConfigError) as err:
         components.resolve(compose.load(overrides))
     assert str(err.value).startswith(message)
+
+
+QUICK = [
+    "trainer.epochs=1", "trainer.max_steps=8", "trainer.batch_size=16", "trainer.log_every=2",
+    "trainer.timing_warmup_steps=1", "trainer.progress=false", "tracking=none",
+    "optimizer.lr=2e-3",
+]  # fmt: skip
+
+
+def check(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        components.resolve(compose.load(list(overrides)))
+    return str(err.value)
+
+
+def test_hf_missing_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert check("model=hf_causal_lm", "dataset=pysource").startswith(
+        "model.arch=llama: model=hf_causal_lm needs the transformers package, which is not "
+        "installed: pip install 'ampsweep[hf]'"
+    )
+
+
+def test_an_unknown_hf_architecture_and_config_key_are_refused():
+    pytest.importorskip("transformers")
+    assert "model.arch=lama: not a Hugging Face causal-LM architecture: did you mean llama" in (
+        check("model=hf_causal_lm", "dataset=pysource", "model.arch=lama")
+    )
+    text = check("model=hf_causal_lm", "dataset=pysource", "model.args.rms_norm_epsilon=1.0")
+    assert (
+        "model.args.rms_norm_epsilon=1.0: not a key of the llama config: did you mean "
+        "model.args.rms_norm_eps?"
+    ) in text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_hf_models_take_their_size_and_vocabulary_from_the_config_and_data(arch):
+    pytest.importorskip("transformers")
+    setup = build(
+        compose.load(
+            [
+                *QUICK,
+                "model=hf_causal_lm",
+                f"model.arch={arch}",
+                "dataset=pysource",
+                "dataset.max_bytes=20000",
+                "dataset.seq_len=32",
+                "model.hidden_size=32",
+                "model.num_attention_heads=2",
+                "trainer.max_steps=2",
+            ]  # fmt: skip
+        )
+    )
+    config = setup.model.model.config
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (256, 32, 2)
+    assert config.num_attention_heads == 2 and config.max_position_embeddings == 32
+    summary = fit(setup, lambda m, s: None)
+    assert summary["val/perplexity"] < 256  # below a uniform guess over the bytes
