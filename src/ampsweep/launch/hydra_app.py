@@ -31,10 +31,11 @@ from hydra._internal.utils import create_automatic_config_search_path, get_args_
 from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
 from hydra.core.utils import run_job
 from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ampsweep import console
@@ -150,10 +151,7 @@ def _multirun(parsed: argparse.Namespace, task: TaskFunction) -> int:
     try:
         # (hydra.mode: what hydra.main adds for -m, each job's HydraConfig says MULTIRUN)
         overrides = [*parsed.overrides, "hydra.mode=MULTIRUN"]
-        name = config_of(parsed)[1]
-        # The sweep checked first: a sweep its sweeper would refuse leaves nothing behind.
-        check_sweep(hydra.compose_config(name, overrides, RunMode.MULTIRUN), hydra.config_loader)
-        hydra.multirun(name, task, overrides)
+        _sweep(hydra, config_of(parsed)[1], overrides, task)
     except plan.Refused as refused:
         return refused.code
     except ConfigError as err:
@@ -165,6 +163,22 @@ def _multirun(parsed: argparse.Namespace, task: TaskFunction) -> int:
     finally:
         GlobalHydra.instance().clear()
     return 0
+
+
+def _sweep(hydra: Hydra, name: str, overrides: list[str], task: TaskFunction) -> None:
+    """What ``Hydra.multirun`` does, with the sweep checked between composing its config and
+    starting its sweeper: a sweep the sweeper would refuse leaves nothing behind."""
+    cfg = hydra.compose_config(name, overrides, RunMode.MULTIRUN, with_log_configuration=True)
+    check_sweep(cfg, hydra.config_loader)
+    callbacks = Callbacks(cfg)
+    callbacks.on_multirun_start(config=cfg, config_name=name)
+    sweeper = Plugins.instance().instantiate_sweeper(
+        config=cfg,
+        hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+        task_function=task,
+    )
+    sweeper.sweep(arguments=OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False))
+    callbacks.on_multirun_end(config=cfg, config_name=name)
 
 
 def config_of(parsed: argparse.Namespace) -> tuple[Path, str, list[str]]:

@@ -211,7 +211,7 @@ def check_sweep(cfg: DictConfig, loader: ConfigLoader) -> None:
     ConfigError."""
     sweeper = cfg.hydra.sweeper
     target = str(sweeper.get("_target_", ""))
-    arguments = list(cfg.hydra.overrides.task)
+    arguments = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
     if target == f"{PLUGIN_MODULE}.AmpsweepSweeper":
         listed_jobs(cfg, loader, arguments)
         return
