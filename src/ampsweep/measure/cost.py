@@ -293,9 +293,12 @@ def peak_rss_mib() -> float:
 # ---------------------------------------------------------------- capacity
 
 DTYPE_NAMES = {
-    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-    torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2",
-}  # fmt: skip
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8e4m3",
+    torch.float8_e5m2: "fp8e5m2",
+}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

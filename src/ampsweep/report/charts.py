@@ -154,8 +154,13 @@ def perplexity(report: Report, path: Path) -> Path | None:
     if not rows:
         return None
     fig, ax = _figure(figsize=(8, 4.5))
-    _bars(ax, rows, [r.val_ppl for r in rows], [_x(r.ppl_ratio) for r in rows],
-          "validation perplexity (lower is better)")  # fmt: skip
+    _bars(
+        ax,
+        rows,
+        [r.val_ppl for r in rows],
+        [_x(r.ppl_ratio) for r in rows],
+        "validation perplexity (lower is better)",
+    )
     unigram = next((r.unigram_ppl for r in rows if is_number(r.unigram_ppl)), None)
     if unigram:
         ax.axhline(unigram, color="grey", linestyle="--", label=f"unigram baseline {unigram:.2f}")

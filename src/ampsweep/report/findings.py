@@ -264,8 +264,9 @@ def _contention_findings(done: list[Row]) -> list[str]:
                 f"{r.contended_runs} of {r.n} runs of {r.precision}{load} (its speed-up is "
                 f"from the other {r.n - r.contended_runs})"
             )
-        elif is_number(r.cpu_others) and not contention.contended(r.cpu_used, r.cpu_others,
-                                                                    r.cpu_cores):  # fmt: skip
+        elif is_number(r.cpu_others) and not contention.contended(
+            r.cpu_used, r.cpu_others, r.cpu_cores
+        ):
             parts.append(f"{r.name} (its baseline's timing was)")
         else:
             parts.append(f"{r.name}{load}")

@@ -310,8 +310,14 @@ class Report:
         out = {}
         for r in self.summary:
             key = r.precision if counts[r.precision] == 1 else r.name
-            for name in ("speedup", "acc_delta", "ppl_ratio", "activation_ratio", "peak_ratio",
-                         "max_batch_ratio"):  # fmt: skip
+            for name in (
+                "speedup",
+                "acc_delta",
+                "ppl_ratio",
+                "activation_ratio",
+                "peak_ratio",
+                "max_batch_ratio",
+            ):
                 value = getattr(r, name)
                 if is_number(value):
                     out[f"{name}/{key}"] = value

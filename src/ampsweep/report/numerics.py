@@ -106,8 +106,9 @@ def _shared_origin(group: list[Row]) -> str:
         fix = "; fix: " + "; ".join(f"{r.nonfinite_fix} ({r.name})" for r in group)
     else:
         fix = ""
-    failed = [f"{r.name} ({'diverged' if r.diverged else r.status})" for r in group
-              if r.status == FAILED]  # fmt: skip
+    failed = [
+        f"{r.name} ({'diverged' if r.diverged else r.status})" for r in group if r.status == FAILED
+    ]
     failures = f" The failure of {', '.join(failed)} began there." if failed else ""
     return (
         f"{runs} runs first went non-finite in {first.nonfinite_module} ({names}); "

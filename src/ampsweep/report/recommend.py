@@ -187,8 +187,9 @@ def _needed(r: Row) -> int:
 def _mem(r: Row) -> str:
     parts = []
     if is_number(r.activation_ratio):
-        parts.append(f"{ratio_range(r.activation_ratio, r.ci.get('activation_ratio'))} the "
-                     "activation memory")  # fmt: skip
+        parts.append(
+            f"{ratio_range(r.activation_ratio, r.ci.get('activation_ratio'))} the activation memory"
+        )
     if is_number(r.peak_ratio):
         parts.append(f"{ratio_range(r.peak_ratio, r.ci.get('peak_ratio'))} the peak memory")
     if is_number(r.max_batch_ratio):

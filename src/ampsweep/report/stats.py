@@ -187,8 +187,10 @@ LABELS = ("tracking.run_name",)
 # FSDP's mixed-precision policy is a precision axis of its own (a sweep over
 # precision.fsdp.reduce_dtype=fp32,bf16 compares its values as it compares modes).
 SHOWN_PRECISION = (
-    "precision.keep_fp32", "precision.fsdp.param_dtype", "precision.fsdp.reduce_dtype",
-)  # fmt: skip
+    "precision.keep_fp32",
+    "precision.fsdp.param_dtype",
+    "precision.fsdp.reduce_dtype",
+)
 
 
 def shown_precision(params: dict[str, str]) -> tuple:
@@ -233,10 +235,26 @@ def varying(runs: list[RunData], ignore: tuple[str, ...] = ()) -> dict[str, str]
 # ---------------------------------------------------------------- repeats summarised
 
 MEANS = (
-    "quality", "val_acc", "val_ppl", "samples_per_s", "step_ms", "tflops", "mfu",
-    "activation_mib", "peak_mib", "skipped_steps", "bytes_per_sample", "model_mib", "max_batch",
-    "fp8_flop_share", "steps", "update_lost_frac", "cpu_used", "cpu_others", "cpu_cores",
-)  # fmt: skip
+    "quality",
+    "val_acc",
+    "val_ppl",
+    "samples_per_s",
+    "step_ms",
+    "tflops",
+    "mfu",
+    "activation_mib",
+    "peak_mib",
+    "skipped_steps",
+    "bytes_per_sample",
+    "model_mib",
+    "max_batch",
+    "fp8_flop_share",
+    "steps",
+    "update_lost_frac",
+    "cpu_used",
+    "cpu_others",
+    "cpu_cores",
+)
 DIFFERENCES = ("quality_change", "acc_delta")  # each run minus its same-seed baseline
 # run / baseline
 RATIOS = ("speedup", "activation_ratio", "peak_ratio", "max_batch_ratio", "ppl_ratio")
@@ -354,8 +372,14 @@ def _common_name(names: list[str]) -> str:
     return os.path.commonprefix(names).rstrip("-_ ") or names[0]
 
 
-ORIGIN = ("nonfinite_step", "nonfinite_kind", "nonfinite_module", "nonfinite_where",
-          "nonfinite_fix", "nonfinite_steps")  # fmt: skip
+ORIGIN = (
+    "nonfinite_step",
+    "nonfinite_kind",
+    "nonfinite_module",
+    "nonfinite_where",
+    "nonfinite_fix",
+    "nonfinite_steps",
+)
 PROBED = ("probe", "fp16_overflow", "update_lost_layers")
 
 
