@@ -139,7 +139,7 @@ add(
     ">= 40%",
     None if mfu is None else mfu >= 0.40,
     "gpu_bench",
-    "no MFU on a CPU" if dry else "no MFU (this GPU has no peak in measure/flops.py)",
+    "no MFU on a CPU" if dry else "no MFU (this GPU has no peak in measure/cost.py)",
 )
 r = run_of(vit, "fp8_tensorwise")
 emulated = bool(r and r.get("emulated"))

@@ -213,7 +213,8 @@ def fit(
     ``state``: where to continue from (a restored checkpoint). ``checkpoints``: decides when a
     save is due and writes it. ``stop.requested`` turns true on SIGTERM/Ctrl-C; the loop then
     checkpoints at the next step boundary and raises Interrupted. ``callbacks``: per-step
-    hooks (``Callback``), after the run's own (``s.callbacks``: the non-finite locator).
+    hooks (``Callback``), after the run's own (``s.callbacks``: gradient-underflow diagnostics,
+    the non-finite locator).
     """
     t = s.cfg.trainer
     model, optimizer, scaler, policy = s.model, s.optimizer, s.scaler, s.policy
