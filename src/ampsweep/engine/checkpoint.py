@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-import cloudpickle
 import numpy as np
 import torch
 
@@ -319,20 +318,10 @@ class ModelSnapshot:
             out = self.module(torch.from_numpy(x))
         return out.float().numpy() if out.is_floating_point() else out.numpy()
 
-    def save(self, file: str) -> None:
-        """The whole module pickled into ``file`` with cloudpickle, as MLflow's pytorch flavor
-        keeps it (``mlflow.pytorch.pickle_module`` is cloudpickle's functions), so that
-        ``mlflow.pytorch.load_model`` loads it back."""
-        torch.save(self.module, file, pickle_module=cloudpickle)
-
     @property
     def packages(self) -> set[str]:
         """Top-level packages the module's classes come from (torch, ampsweep, timm, ...)."""
         return {type(m).__module__.split(".")[0] for m in self.module.modules()}
-
-    @property
-    def torch_version(self) -> str:
-        return str(torch.__version__)
 
 
 def snapshot(model: torch.nn.Module, batches) -> ModelSnapshot:
