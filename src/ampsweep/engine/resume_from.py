@@ -15,19 +15,6 @@ from ampsweep.engine.checkpoint import END_SUFFIX, DamagedCheckpoint, checkpoint
 from ampsweep.engine.run_folder import Lease, NoLease, config_hash, differences, root_of, unmasked
 
 
-def first_good(paths: list[Path], say: Callable[[str], None]) -> tuple[Path, dict] | None:
-    """The first of ``paths`` (newest first) that loads and verifies, with its contents;
-    each damaged one before it is skipped with a line said through ``say``."""
-    for i, path in enumerate(paths):
-        try:
-            return path, load(path)
-        except DamagedCheckpoint as err:
-            rest = paths[i + 1 :]
-            then = f"falling back to {rest[0].name}" if rest else "no earlier checkpoint"
-            say(f"{err.path} {err.why}: {then}")
-    return None
-
-
 def newest_first(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
 
