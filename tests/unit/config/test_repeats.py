@@ -1,5 +1,5 @@
 """sweep.repeats: a sweep's configurations each run N times with seeds trainer.seed + i, exactly
-the jobs of an explicit trainer.seed sweep (Hydra's sweeper makes them: app/sweeper.py); bad
+the jobs of an explicit trainer.seed sweep (Hydra's sweeper makes them: launch/sweeper.py); bad
 values refused with one line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""app/sweeper.py: ampsweep's Hydra sweeper runs the jobs seed-major (every mode of one seed,
+"""launch/sweeper.py: ampsweep's Hydra sweeper runs the jobs seed-major (every mode of one seed,
 then the next), an experiment's own sweep params included; Hydra's whole sweep grammar works
 (glob() against the config groups, with exclude); a key given twice counts once, as in
 Hydra's own sweeper; a search's interval() is for a sweeper that searches. Hydra's plugin scan
