@@ -40,7 +40,7 @@ def children(store: str, experiment: str = "ampsweep"):
 
 @pytest.mark.slow
 def test_the_lm_precision_sweep_reports_perplexity_tokens_and_memory(
-    store, tmp_path, monkeypatch, capsys
+    store, tmp_path, monkeypatch, capsys, main
 ):
     monkeypatch.chdir(tmp_path)
     code = cmd_train(["-m", "experiment=precision_sweep_lm", *REDUCED, f"tracking.uri={store}"])
@@ -52,6 +52,10 @@ def test_the_lm_precision_sweep_reports_perplexity_tokens_and_memory(
     assert all(k.info.status == "FINISHED" for k in kids.values())
     fp32 = kids["fp32-gpt-pysource"].data
     assert fp32.params["task.name"] == "language_modeling"
+    # the task's score, recorded for the report to judge by: lower is better, 5% held
+    score = {k: v for k, v in fp32.tags.items() if k.startswith("score.")}
+    assert score["score.name"] == "val/perplexity" and score["score.higher_is_better"] == "False"
+    assert score["score.tolerance"] == "0.05" and score["score.relative"] == "True"
     assert fp32.tags["data.python_version"] and len(fp32.tags["data.text_sha256"]) == 64
     assert fp32.metrics["val/perplexity"] < 256  # a few steps: below a uniform guess
     assert fp32.metrics["data/unigram_perplexity"] < 256
@@ -59,9 +63,7 @@ def test_the_lm_precision_sweep_reports_perplexity_tokens_and_memory(
     # The printed report: perplexity and tokens/s, no accuracy.
     assert "val ppl" in out and "tokens/s" in out and "val acc" not in out
     assert "unigram baseline of the same text" in out
-    rows = json.loads(
-        run_cli(["report", "--format", "json", "--tracking-uri", store], tmp_path).stdout
-    )["rows"]
+    rows = json.loads(main("report", "--format", "json", "--tracking-uri", store).out)["rows"]
     bf16 = next(r for r in rows if r["precision"] == "bf16")
     half = kids["bf16-gpt-pysource"].data.metrics
     assert bf16["val_ppl"] == half["val/perplexity"]
@@ -136,13 +138,13 @@ def test_reproduce_of_an_lm_run_repeats_its_loss_history(store, tmp_path, monkey
 
 def test_an_lm_run_resumes_exactly(tmp_path):
     from ampsweep.config import compose
-    from ampsweep.engine import checkpoint, confighash, loop
+    from ampsweep.engine import checkpoint, loop, run_folder
     from ampsweep.engine.build import build
 
     cfg = compose.load([*TINY, "tracking=none", "trainer.checkpoint_every=4",
                         "model.dropout=0.1", f"trainer.checkpoint_dir={tmp_path}"])  # fmt: skip
     whole_log: list = []
-    folder = confighash.folder_for(cfg, "r")
+    folder = run_folder.folder_for(cfg, "r")
     whole = loop.fit(build(cfg), lambda m, s: whole_log.append((s, m)),
                      checkpoints=checkpoint.Checkpointer(folder, cfg, "r"))  # fmt: skip
     resumed = build(cfg)

@@ -1,6 +1,7 @@
 """A relaunched sweep reuses a FINISHED run only when the config and the code it ran are the
 same: a user's model whose code changed is trained again (and the command says why), an
-unchanged one is reused and marked in the report's table."""
+unchanged one is reused and marked in the report's table. Each command is a process of its
+own, as a user's are: one process would import the edited model's module once."""
 
 from __future__ import annotations
 

@@ -137,7 +137,6 @@ def test_a_team_server_refuses_a_user_without_permission_and_records_one_with_it
     a login; a user granted EDIT records a sweep there; no password is printed."""
     import shutil
 
-    from conftest import run_cli
     from mlflow import MlflowClient
     from mlflow.server import get_app_client
 
@@ -180,10 +179,13 @@ def test_a_team_server_refuses_a_user_without_permission_and_records_one_with_it
             (line,) = refused.err.strip().splitlines()
             assert line.startswith(says), line
         sweep_args = ["train", "-m", *train[1:], "precision=fp32,bf16"]
-        sweep = run_cli(sweep_args, tmp_path, env=_as("bob"), timeout=600)
-        assert sweep.returncode == 0, sweep.stderr[-3000:]
-        assert "Findings" in sweep.stdout
-        assert PASSWORDS["bob"] not in sweep.stdout + sweep.stderr
+        with monkeypatch.context() as login:
+            for name, value in _as("bob").items():
+                login.setenv(name, value)
+            sweep = main(*sweep_args)
+        assert sweep.code == 0, sweep.err[-3000:]
+        assert "Findings" in sweep.out
+        assert PASSWORDS["bob"] not in sweep.out + sweep.err
         with monkeypatch.context() as admin:
             for name, value in _as("admin").items():
                 admin.setenv(name, value)
