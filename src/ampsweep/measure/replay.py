@@ -32,7 +32,7 @@ FORMAT_OF = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32
 
 @dataclass
 class Origin:
-    """Where the first non-finite value of a run began (see the module docstring)."""
+    """Where the first non-finite value of a run began (the kinds: ``measure.numerics``)."""
 
     step: int  # the optimizer step (1-based)
     kind: str  # forward | loss | weight_grad | input_grad | not_reproduced
