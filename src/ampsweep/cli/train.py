@@ -38,8 +38,7 @@ from ampsweep.launch.hydra_app import (
     setenv,
 )
 from ampsweep.runner import estimate, plan
-from ampsweep.runner.context import EXIT_KILLED, CommandContext
-from ampsweep.runner.plan import PlannedJob
+from ampsweep.runner.context import EXIT_KILLED, CommandContext, PlannedJob
 from ampsweep.tracking.closer import RunCloser
 
 TRAIN_HELP = """\

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra import version
 
@@ -50,8 +51,10 @@ from ampsweep.config.compose import (
 from ampsweep.config.schema import ConfigError, register_configs
 from ampsweep.launch import launcher
 from ampsweep.launch.sweeper import check_sweep
-from ampsweep.runner import plan
-from ampsweep.runner.job import CommandContext, TaskFunction
+from ampsweep.runner.context import CommandContext, Refused
+
+if TYPE_CHECKING:  # the job imports torch: imported where a command runs one
+    from ampsweep.runner.job import TaskFunction
 
 
 def hydra_args(args: list[str]) -> argparse.Namespace:
@@ -88,6 +91,8 @@ def run_hydra(
     """Hand the command to Hydra, which runs each job through ``TaskFunction``; the exit
     code of Hydra itself (its own errors are printed by Hydra, a sweep's as one line).
     ``composed``: the single run of the command, composed already (``composed_run``)."""
+    from ampsweep.runner.job import TaskFunction
+
     register_configs()
     launcher.register()
     task = TaskFunction(command)
@@ -152,7 +157,7 @@ def _multirun(parsed: argparse.Namespace, task: TaskFunction) -> int:
         # (hydra.mode: what hydra.main adds for -m, each job's HydraConfig says MULTIRUN)
         overrides = [*parsed.overrides, "hydra.mode=MULTIRUN"]
         _sweep(hydra, config_of(parsed)[1], overrides, task)
-    except plan.Refused as refused:
+    except Refused as refused:
         return refused.code
     except ConfigError as err:
         console.error(str(err))

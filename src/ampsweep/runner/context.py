@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from ampsweep.config.schema import Config
+from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine.run_folder import NoLease
 from ampsweep.runner.signals import StopRequest
 from ampsweep.tracking import store
@@ -21,10 +21,25 @@ from ampsweep.tracking.closer import RunCloser
 from ampsweep.tracking.recorder import NullRecorder
 from ampsweep.tracking.sweep import SweepInfo
 
-if TYPE_CHECKING:  # only named here: runner.plan imports the engine, which costs torch
-    from ampsweep.runner.plan import PlannedJob
-
 EXIT_CONFIG, EXIT_FAILED, EXIT_KILLED = 2, 1, 130
+
+
+@dataclass
+class PlannedJob:
+    """One job as it will run: ``cfg`` typed, its components resolved and its precision mode
+    resolved for this machine; ``refusal`` when this machine cannot run it (tf32 on a CPU):
+    a sweep records such a job as a FAILED child run, a single command refuses it."""
+
+    cfg: Config
+    refusal: ConfigError | None = None
+
+
+class Refused(Exception):  # noqa: N818 (what it is: the command was refused)
+    """The command's checks failed (each problem already printed on its own line)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"refused (exit code {code})")
+        self.code = code
 
 
 def default_run_name(cfg: Config) -> str:

@@ -46,10 +46,11 @@ from ampsweep.runner.context import (
     JobContext,
     JobOutcome,
     JobState,
+    PlannedJob,
     default_run_name,
 )
 from ampsweep.runner.ending import RunEnd, record_origin, say_origin
-from ampsweep.runner.plan import PlannedJob, plan_job
+from ampsweep.runner.plan import plan_job
 from ampsweep.runner.resume import Resumer, cluster_job_tag, replay_left
 from ampsweep.runner.signals import StopRequest, requeue_signal
 from ampsweep.tracking import journal, store

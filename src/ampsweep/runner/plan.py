@@ -22,28 +22,9 @@ from ampsweep.engine import components
 from ampsweep.engine.build import preflight, resolve_precision
 from ampsweep.engine.run_folder import root_of
 from ampsweep.errors import FaultError
+from ampsweep.runner.context import EXIT_CONFIG, PlannedJob, Refused
 from ampsweep.tracking import access, journal, store
 from ampsweep.tracking.secrets import refuse_in_name
-
-EXIT_CONFIG = 2
-
-
-@dataclass
-class PlannedJob:
-    """One job as it will run: ``cfg`` typed, its components resolved and its precision mode
-    resolved for this machine; ``refusal`` when this machine cannot run it (tf32 on a CPU):
-    a sweep records such a job as a FAILED child run, a single command refuses it."""
-
-    cfg: Config
-    refusal: ConfigError | None = None
-
-
-class Refused(Exception):  # noqa: N818 (what it is: the command was refused)
-    """The command's checks failed (each problem already printed on its own line)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(f"refused (exit code {code})")
-        self.code = code
 
 
 def plan(configs: list[Config], record: bool = True) -> list[PlannedJob]:
