@@ -101,10 +101,13 @@ class OptimizerConfig:
 @dataclass
 class TaskConfig:
     """``task=<name>``: what is learnt from the data, which decides how the loss is applied to
-    a batch and which metrics are reported (``classification``, ``language_modeling``)."""
+    a batch and which metrics are reported (``classification``, ``language_modeling``,
+    ``regression``, ``binary``, ``multilabel``, ``segmentation``), or ``_target_``: a class of
+    your own following the task protocol (docs/your-task.md)."""
 
     name: str = "classification"  # chosen by the text data sets themselves
     args: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None  # _target_: the dotted path of a task class of your own
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """A task's score: the quality metric a run is judged by besides its loss, and how to judge it.
 
 The task owns its score (``engine.tasks``: classification scores ``val/acc``, language
-modeling ``val/perplexity``); a run records it as tags (``Score.tags``), and everything that
-compares two runs' quality asks the score: the report's findings, its recommendation and time
-to quality, the doctor's verdict on a fix, ``reproduce``. A new task with a new score (an RMSE,
-lower is better; an AUROC) is then one ``Score`` here, and every reader follows its direction.
+modeling ``val/perplexity``, regression ``val/rmse``, binary ``val/auroc``, multi-label
+``val/f1``, segmentation ``val/miou``); a run records it as tags (``Score.tags``), and
+everything that compares two runs' quality asks the score: the report's findings, its
+recommendation and time to quality, the doctor's verdict on a fix, ``reproduce``. A new task
+with a new score is then one ``Score`` (here, or a user task's own), and every reader follows
+its direction.
 
 Torch-free: the report reads scores without importing the engine.
 """
@@ -138,7 +140,14 @@ PERPLEXITY = Score(
     target=0.02,
     low=1.0,
 )
-KNOWN = {s.name: s for s in (ACCURACY, PERPLEXITY)}
+# Regression: the RMSE held within 5% of the baseline's (its unit is the targets').
+RMSE = Score(
+    "val/rmse", "RMSE", higher_is_better=False, tolerance=0.05, relative=True, target=0.02, low=0.0
+)
+AUROC = Score("val/auroc", "AUROC", tolerance=0.015, points=True, target=0.005, low=0.0, high=1.0)
+F1 = Score("val/f1", "F1", tolerance=0.015, points=True, target=0.005, low=0.0, high=1.0)
+MIOU = Score("val/miou", "mIoU", tolerance=0.015, points=True, target=0.005, low=0.0, high=1.0)
+KNOWN = {s.name: s for s in (ACCURACY, PERPLEXITY, RMSE, AUROC, F1, MIOU)}
 
 
 def from_tags(tags: dict[str, str], metrics: dict[str, float] | None = None) -> Score | None:

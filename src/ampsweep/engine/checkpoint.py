@@ -53,6 +53,7 @@ from ampsweep.engine.run_folder import (
     config_hash,
     unmasked,
 )
+from ampsweep.engine.tasks import logits_of
 from ampsweep.errors import FaultError
 from ampsweep.precision.policy import Fp32Forward
 
@@ -315,7 +316,7 @@ class ModelSnapshot:
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The module's output on ``x`` (float32), as the signature records it."""
         with torch.inference_mode():
-            out = self.module(torch.from_numpy(x))
+            out = logits_of(self.module(torch.from_numpy(x)))  # a dict's or tuple's logits
         return out.float().numpy() if out.is_floating_point() else out.numpy()
 
     @property

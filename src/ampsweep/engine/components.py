@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from ampsweep.config.schema import Config, ConfigError
+from ampsweep.engine import tasks
 from ampsweep.engine.data import DATASETS
 from ampsweep.engine.models import MODELS
 from ampsweep.engine.optim import LOSSES, OPTIMIZERS
@@ -88,7 +89,7 @@ def task_problems(cfg: Config, found: dict[str, Builder]) -> list[str]:
     """A registered model or data set that serves another task than the config names."""
     wanted = cfg.task.name
     serves = {s: task_of(found[s]) for s in ("model", "dataset") if s in found}
-    wrong = [s for s, t in serves.items() if t is not None and t != wanted]
+    wrong = [s for s in serves if not tasks.serves(found[s], wanted, s)]
     if not wrong:
         return []
     said = " and ".join(
@@ -106,7 +107,7 @@ def _noun(section: str) -> str:
 
 
 def _serving(section: str, task: str) -> list[str]:
-    return sorted(n for n, b in REGISTRIES[section].items() if task_of(b) == task)
+    return sorted(n for n, b in REGISTRIES[section].items() if tasks.serves(b, task, section))
 
 
 # ---------------------------------------------------------------- the user's callbacks

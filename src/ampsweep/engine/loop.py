@@ -351,28 +351,25 @@ def _reached_max_steps(state: TrainState, max_steps: int) -> bool:
 @torch.no_grad()
 def evaluate(
     model, batches: Batches, policy: PrecisionPolicy, objective: Objective | None = None
-) -> tuple[float, float]:
-    """Mean loss and the task's score (accuracy, perplexity) over a whole split, under the
-    run's autocast. ``objective``: the run's task and loss (default: classification with
-    cross-entropy).
+) -> tuple[float, ...]:
+    """Mean loss, the task's score (accuracy, perplexity, RMSE, ...) and any other metrics of
+    the task (``task.names``) over a whole split, under the run's autocast. ``objective``: the
+    run's task and loss (default: classification with cross-entropy).
 
     Under DDP each rank scores its shard with the plain module (DDP's forward would sync
-    buffers, and shards may differ by one batch) and the sums are added over the ranks."""
+    buffers, and shards may differ by one batch) and the task's evaluation adds the ranks'
+    shards together."""
     objective = objective or default_objective()
     task = objective.task
     model = distributed.unwrap(model) if distributed.current().enabled else model
     was_training = model.training
     model.eval()
-    sums = None
+    evaluation = task.evaluation(objective.loss_fn, sync=batches.world_size > 1)
     for x, y in batches.epoch(0):
         with policy.autocast():
-            logits = model(x)
-            batch = task.eval_sums(objective.loss_fn, logits, y)
-        sums = batch if sums is None else sums + batch
+            evaluation.update(model(x), y)
     model.train(was_training)
-    if batches.world_size > 1:  # the whole split: every rank's shard together
-        distributed.all_reduce(sums)
-    return task.finish(sums.tolist())  # one sync per evaluation
+    return evaluation.compute()  # the whole split (every rank's shard): one sync
 
 
 def _measured(s: Setup, median_ms: float | None) -> dict[str, float]:

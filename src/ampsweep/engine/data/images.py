@@ -1,5 +1,6 @@
 """The built-in image data sets: bundled digits, synthetic images, MNIST and Fashion-MNIST,
-CIFAR-10/100 (read from the files torchvision keeps), and a folder of class sub-folders."""
+CIFAR-10/100 (read from the files torchvision keeps), a folder of class sub-folders; and for
+segmentation (a class per pixel) synthetic shapes and Oxford-IIIT Pet."""
 
 from __future__ import annotations
 
@@ -267,3 +268,91 @@ def imagefolder(
     train = torch.utils.data.Subset(full, tr.tolist())
     val = torch.utils.data.Subset(full, va.tolist())
     return Splits(cfg.name, len(full.classes), (channels, image_size, image_size), train, val)
+
+
+# ---------------------------------------------------------------- masks: a class per pixel
+
+SHAPE_CLASSES = ("background", "square", "disc")
+
+
+@DATASETS.register("shapes", task="segmentation", check=positive("num_samples", "image_size"))
+def shapes(cfg: DatasetConfig, *, num_samples: int = 512, image_size: int = 32) -> Splits:
+    """Synthetic segmentation, no download: each image a square and a disc of random sizes
+    and places, each in a colour of its own, over pixel noise; the mask gives every pixel its
+    class (0 background, 1 square, 2 disc; the disc on top). Generated from
+    ``dataset.split_seed`` alone, the same in every run."""
+    g = torch.Generator().manual_seed(cfg.split_seed)
+    n, s = num_samples, image_size
+    rows, cols = torch.arange(s).view(1, s, 1), torch.arange(s).view(1, 1, s)
+
+    def place(low: float, high: float) -> tuple[torch.Tensor, ...]:
+        size = (low + (high - low) * torch.rand(n, 1, 1, generator=g)) * s
+        r, c = (torch.rand(n, 1, 1, generator=g) * s for _ in range(2))
+        return size, r, c
+
+    size, r, c = place(0.2, 0.5)
+    square = ((rows - r).abs() <= size / 2) & ((cols - c).abs() <= size / 2)
+    size, r, c = place(0.15, 0.35)
+    disc = (rows - r) ** 2 + (cols - c) ** 2 <= size**2
+    y = torch.zeros(n, s, s, dtype=torch.int64)
+    y[square], y[disc] = 1, 2
+    colours = torch.tensor([[0.0, 0.0, 0.0], [1.0, -0.5, 0.5], [-0.5, 1.0, -1.0]])
+    x = colours[y].permute(0, 3, 1, 2) + 0.5 * torch.randn(n, 3, s, s, generator=g)
+    splits = _from_arrays(cfg, x, y, len(SHAPE_CLASSES), ([0.0] * 3, [1.0] * 3))
+    splits.info["classes"] = ",".join(SHAPE_CLASSES)
+    return splits
+
+
+class PetMasks(torch.utils.data.Dataset):
+    """Oxford-IIIT Pet's images and trimaps (torchvision's layout under ``root``), resized to
+    ``size``: the mask is 1 on the pet, 0 on the background and ``ignore`` on the border
+    between them (trimap values 1, 2 and 3)."""
+
+    def __init__(self, pets, size: int, stats: Stats, ignore: int) -> None:
+        from torchvision import transforms
+
+        self.pets, self.ignore = pets, ignore
+        self.image = transforms.Compose(
+            [transforms.Resize((size, size)), transforms.ToTensor(), transforms.Normalize(*stats)]
+        )
+        self.mask = transforms.Resize((size, size), transforms.InterpolationMode.NEAREST)
+
+    def __len__(self) -> int:
+        return len(self.pets)
+
+    def __getitem__(self, i: int):
+        image, trimap = self.pets[i]
+        trimap = torch.from_numpy(np.array(self.mask(trimap), dtype=np.int64))
+        mask = torch.full_like(trimap, self.ignore)
+        mask[trimap == 1], mask[trimap == 2] = 1, 0
+        return self.image(image.convert("RGB")), mask
+
+
+@DATASETS.register("oxford_pet", task="segmentation", check=positive("image_size"))
+def oxford_pet(
+    cfg: DatasetConfig,
+    *,
+    root: str = "data",
+    download: bool = False,
+    image_size: int = 64,
+    ignore_index: int = 255,
+) -> Splits:
+    """Oxford-IIIT Pet for segmentation (pet, background; the border ignored), read from the
+    files torchvision keeps under ``root/oxford-iiit-pet`` (images/, annotations/trimaps/,
+    annotations/trainval.txt and test.txt): trainval trains, test validates; fetched there by
+    ``dataset.download=true`` (about 800 MB)."""
+    from torchvision import datasets
+
+    where = Path(root).expanduser().resolve() / "oxford-iiit-pet"
+    stats = (cfg.mean, cfg.std) if cfg.mean else IMAGENET_STATS
+    try:
+        made = [
+            datasets.OxfordIIITPet(
+                root, split=split, target_types="segmentation", download=download
+            )
+            for split in ("trainval", "test")
+        ]
+    except (RuntimeError, FileNotFoundError, OSError) as err:
+        raise _missing_files(cfg, root, download, where, err) from None
+    train, val = (PetMasks(pets, image_size, stats, ignore_index) for pets in made)
+    return Splits(cfg.name, 2, (3, image_size, image_size), train, val)
