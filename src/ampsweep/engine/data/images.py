@@ -275,8 +275,8 @@ def imagefolder(
 SHAPE_CLASSES = ("background", "square", "disc")
 
 
-@DATASETS.register("shapes", task="segmentation", check=positive("num_samples", "image_size"))
-def shapes(cfg: DatasetConfig, *, num_samples: int = 512, image_size: int = 32) -> Splits:
+@DATASETS.register("shape_masks", task="segmentation", check=positive("num_samples", "image_size"))
+def shape_masks(cfg: DatasetConfig, *, num_samples: int = 512, image_size: int = 32) -> Splits:
     """Synthetic segmentation, no download: each image a square and a disc of random sizes
     and places, each in a colour of its own, over pixel noise; the mask gives every pixel its
     class (0 background, 1 square, 2 disc; the disc on top). Generated from

@@ -41,7 +41,7 @@ def test_breast_cancer_gives_float_zero_one_targets():
 
 
 def test_shapes_masks_are_fixed_by_the_seed_and_hold_three_classes():
-    a, b = load("dataset=shapes", "model=unet"), load("dataset=shapes", "model=unet")
+    a, b = load("dataset=shape_masks", "model=unet"), load("dataset=shape_masks", "model=unet")
     x, y = a.train
     assert torch.equal(x, b.train[0]) and torch.equal(y, b.train[1])
     assert (a.num_classes, a.input_shape) == (3, (3, 32, 32))
