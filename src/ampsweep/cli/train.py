@@ -39,7 +39,6 @@ from ampsweep.launch.hydra_app import (
 )
 from ampsweep.runner import estimate, plan
 from ampsweep.runner.context import EXIT_KILLED, CommandContext, PlannedJob
-from ampsweep.tracking.closer import RunCloser
 
 TRAIN_HELP = """\
 usage: ampsweep train [-m] [GROUP=OPTION | KEY=VALUE ...] [Hydra flags]
@@ -155,7 +154,6 @@ def _run_single(
     command.planned[None] = planned  # the job runs as planned here
     try:
         code = run_hydra(parsed, command, composed=single)
-        command.closer.wait()  # the run has ended (a no-op: single runs end at once)
         return _exit_code(command, code)
     except KeyboardInterrupt as err:
         who = f"rank {rank.rank}: " if rank.enabled else ""  # the launcher may have stopped it
@@ -298,20 +296,14 @@ def run_sweep(parsed: argparse.Namespace, command: CommandContext, typed: list[s
 
     checks = plan.SweepChecks(True, launch_checks, on_first, on_more, command.planned)
     command.check_batch = checks
-    # Jobs run in this process: each one's model is logged while the next trains. (A launcher
-    # that runs jobs elsewhere gets a copy of the context that ends its runs at once.)
-    command.closer = RunCloser(background=True)
     interrupted, hydra_code, result = False, 0, None
     try:
         hydra_code = run_hydra(parsed, command)
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        try:
-            command.closer.wait()  # every job's run has ended before the sweep is concluded
-        finally:  # (a second Ctrl-C while waiting still ends the parent)
-            if command.sweep is not None:
-                result = sweep.finish(command.sweep, interrupted)
+        if command.sweep is not None:
+            result = sweep.finish(command.sweep, interrupted)
     if interrupted:
         console.error("interrupted")
         return EXIT_KILLED

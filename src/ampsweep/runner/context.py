@@ -17,7 +17,6 @@ from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine.run_folder import NoLease
 from ampsweep.runner.signals import StopRequest
 from ampsweep.tracking import store
-from ampsweep.tracking.closer import RunCloser
 from ampsweep.tracking.recorder import NullRecorder
 from ampsweep.tracking.sweep import SweepInfo
 
@@ -78,7 +77,6 @@ class CommandContext:
     extra_tags: dict[str, str] = field(default_factory=dict)  # e.g. reproduces=<run id>
     sweep: SweepInfo | None = None  # the sweep this command launched (None: single run)
     outcomes: list[JobOutcome] = field(default_factory=list)  # jobs run in this process
-    closer: RunCloser = field(default_factory=RunCloser)  # logs models and ends runs
     plan: list[str] = field(default_factory=list)  # a sweep's modes by job number (estimates)
     # Each job as the command planned it, by job number (None: a single run), and the check
     # of each batch of a sweep's composed jobs (``runner.plan.SweepChecks``)

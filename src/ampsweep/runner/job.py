@@ -3,8 +3,7 @@
 A ``Job`` runs in explicit phases: ``plan`` (the config as it will run here, the run's name,
 skip it if an identical config already FINISHED, the checkpoint to resume), ``open`` (the
 recorder: a new MLflow run, or the resumed one), ``train`` (``engine.loop.fit``) and ``close``
-(final metrics, artifacts, the trained model, the run's end: the model and the end on a
-background thread in an in-process sweep, see ``RunCloser``). Failures never escape as
+(final metrics, artifacts, the trained model, the run's end). Failures never escape as
 tracebacks: the run is ended FAILED with a one-line ``error`` tag (KILLED on Ctrl-C), the
 message is printed, and the outcome says how the job ended so the command can exit non-zero.
 
@@ -356,8 +355,8 @@ class Job:
                 where += f"; model runs:/{recorder.run_id}/{store.MODEL_NAME}"
         console.print_summary(f"{job.name} finished", summary, where)
         say_origin(job.name, setup)
-        finish = partial(self.end.finish, recorder, model, final_step, setup.cfg, outcome)
-        job.command.closer.submit(finish)  # now, or while the next job of a sweep trains
+        # Before the next job of a sweep starts: its timed steps get the machine to themselves.
+        self.end.finish(recorder, model, final_step, setup.cfg, outcome)
         return outcome
 
     def _done(self, outcome: JobOutcome) -> None:

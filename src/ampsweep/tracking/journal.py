@@ -64,6 +64,7 @@ class Journal:
                 return
             self._file.close()
             self._file = None
+            assert self.path is not None  # a journal with a file has its path
             if not self.pending:
                 self.path.unlink(missing_ok=True)
 

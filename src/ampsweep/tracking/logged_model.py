@@ -2,8 +2,8 @@
 ``mlflow.pytorch.load_model`` loads), its final metrics linked to it, and its registration.
 
 What ``mlflow.pytorch.log_model`` does, through the run's client and id rather than MLflow's
-global tracking URI, experiment and active run (the jobs of a sweep share a process, and a
-model is logged on a background thread there): a LoggedModel is created with the run's client,
+global tracking URI, experiment and active run (the jobs of a sweep share a process): a
+LoggedModel is created with the run's client,
 ``mlflow.pytorch.save_model`` writes its files, and the client uploads them.
 
 A run's end waits for its model (a run is FINISHED only once its model is recorded), so two

@@ -12,8 +12,7 @@ into SQLite costs ~10 ms, and even an asynchronous one takes CPU from training.
 Besides numbers, a run records what MLflow users look for first, each in its own module: the
 data sets it saw (``log_inputs``: ``datasets``), the machine's load while it trained
 (``start_system_metrics``: ``system_metrics``) and the trained model (``log_model``:
-``logged_model``). A ``RunCloser`` (``tracking.closer``) logs the model and ends a run, on a
-background thread where the next job can train meanwhile (the jobs of an in-process sweep).
+``logged_model``).
 """
 
 from __future__ import annotations

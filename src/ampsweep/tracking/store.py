@@ -274,6 +274,10 @@ def client_for(uri: str):
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     # A store that fails is said in one line (``fault``), not as MLflow's logged traceback.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    # Every logged model is pickled on purpose (``logged_model``: torch.export refuses many
+    # models a user trains), and MLflow warns of it on every save: a warning at every job of a
+    # sweep that the user cannot act on. What loading one runs is said in docs/mlflow-ui.md.
+    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
     return MlflowClient(tracking_uri=uri)
 
 
