@@ -148,6 +148,9 @@ AUROC = Score("val/auroc", "AUROC", tolerance=0.015, points=True, target=0.005, 
 F1 = Score("val/f1", "F1", tolerance=0.015, points=True, target=0.005, low=0.0, high=1.0)
 MIOU = Score("val/miou", "mIoU", tolerance=0.015, points=True, target=0.005, low=0.0, high=1.0)
 KNOWN = {s.name: s for s in (ACCURACY, PERPLEXITY, RMSE, AUROC, F1, MIOU)}
+# The scores the report shows in columns of their own (val acc, val ppl); any other score
+# shows in its "score" column under its own name.
+OWN_COLUMNS = frozenset({ACCURACY.name, PERPLEXITY.name})
 
 
 def from_tags(tags: dict[str, str], metrics: dict[str, float] | None = None) -> Score | None:

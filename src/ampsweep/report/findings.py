@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ampsweep.config.score import KNOWN
+from ampsweep.config.score import OWN_COLUMNS
 from ampsweep.measure import contention
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics, quality, stats
@@ -371,7 +371,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
     if kind == "cpu":
         scores = {r.score.name for r in compared if r.score is not None}
         held = "accuracy (for a language model, perplexity)"  # the tasks ampsweep ships
-        held = held if scores <= set(KNOWN) else quality.label(compared)
+        held = held if scores <= OWN_COLUMNS else quality.label(compared)
         isa = [f for f in device.get("cpu_half_isa", "none").split(",") if f and f != "none"]
         has = (
             ("native half-precision instructions " + ", ".join(isa))

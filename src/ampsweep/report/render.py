@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
-from ampsweep.config.score import KNOWN
+from ampsweep.config.score import OWN_COLUMNS
 from ampsweep.report import stats
 from ampsweep.report.model import Report, Row, is_number, ratio_range
 
@@ -138,7 +138,7 @@ def _shown(col: Column, rows: list[Row], wide: bool) -> bool:
     if col.when == "repeats":
         return any(r.n > 1 for r in rows)
     if col.when == "other score":
-        return any(r.score is not None and r.score.name not in KNOWN for r in rows)
+        return any(r.score is not None and r.score.name not in OWN_COLUMNS for r in rows)
     return True
 
 
