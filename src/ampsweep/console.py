@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from typing import TextIO, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -34,7 +35,10 @@ def _console(stderr: bool = False) -> Console:
     # that holds one (dataset.root=/data/$MY_TOKEN).
     stream = MaskedStream("stderr" if stderr else "stdout")
     return Console(
-        file=stream, highlight=False, soft_wrap=not tty, width=None if tty else PIPED_WIDTH
+        file=cast(TextIO, stream),  # a text stream by duck typing: write, the rest delegated
+        highlight=False,
+        soft_wrap=not tty,
+        width=None if tty else PIPED_WIDTH,
     )
 
 

@@ -36,7 +36,7 @@ from hydra.core.plugins import Plugins
 from hydra.core.utils import run_job
 from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ampsweep import console
@@ -50,7 +50,7 @@ from ampsweep.config.compose import (
 )
 from ampsweep.config.schema import ConfigError, register_configs
 from ampsweep.launch import launcher
-from ampsweep.launch.sweeper import check_sweep
+from ampsweep.launch.sweeper import check_sweep, task_overrides
 from ampsweep.runner.context import CommandContext, Refused
 
 if TYPE_CHECKING:  # the job imports torch: imported where a command runs one
@@ -182,7 +182,7 @@ def _sweep(hydra: Hydra, name: str, overrides: list[str], task: TaskFunction) ->
         hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
         task_function=task,
     )
-    sweeper.sweep(arguments=OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False))
+    sweeper.sweep(arguments=task_overrides(cfg))
     callbacks.on_multirun_end(config=cfg, config_name=name)
 
 

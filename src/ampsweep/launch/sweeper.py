@@ -42,7 +42,7 @@ from typing import Any
 
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, ValueType
+from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, ValueType
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -64,6 +64,11 @@ class AmpsweepSweeper(Sweeper):
     """Hydra's basic sweeper, seed-major, composing and checking each job once."""
 
     __module__ = PLUGIN_MODULE
+    # Set by setup(), which Hydra calls before sweep() (Sweeper declares them Optional)
+    hydra_context: HydraContext
+    task_function: TaskFunction
+    config: DictConfig
+    launcher: Launcher
 
     def __init__(self, max_batch_size: int | None = None, params: dict | None = None) -> None:
         super().__init__()
@@ -85,7 +90,7 @@ class AmpsweepSweeper(Sweeper):
         made = [sweep_dir, *made[1:]] if made or sweep_dir != planned else []  # "-2": new
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         size = self.max_batch_size or len(jobs)
-        returns = []
+        returns: list[Sequence[JobReturn]] = []
         for start in range(0, len(jobs), size):
             batch = jobs[start : start + size]
             try:
@@ -211,7 +216,7 @@ def check_sweep(cfg: DictConfig, loader: ConfigLoader) -> None:
     ConfigError."""
     sweeper = cfg.hydra.sweeper
     target = str(sweeper.get("_target_", ""))
-    arguments = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
+    arguments = task_overrides(cfg)
     if target == f"{PLUGIN_MODULE}.AmpsweepSweeper":
         listed_jobs(cfg, loader, arguments)
         return
@@ -226,6 +231,14 @@ def check_sweep(cfg: DictConfig, loader: ConfigLoader) -> None:
             _check_interval(o)
         else:
             sweep_values(o)
+
+
+def task_overrides(cfg: DictConfig) -> list[str]:
+    """The command's overrides (``hydra.overrides.task``), the arguments of its sweep: as
+    given, unresolved (a value may be an interpolation, ``x='${y}'``)."""
+    listed = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
+    assert isinstance(listed, list)  # a ListConfig's container
+    return [str(a) for a in listed]
 
 
 def listed_jobs(cfg: DictConfig, loader: ConfigLoader, arguments: list[str]) -> list[list[str]]:
@@ -271,10 +284,10 @@ def _check_search(overrides: list[Override], sweeper: DictConfig) -> None:
                 f"interval(), not glob(): list the options, e.g. {o.get_key_element()}="
                 f"choice({options})"
             )
+        r = o.value()
         if o.is_interval_sweep():
             _check_interval(o)
-        elif o.is_range_sweep() and not o.value().shuffle and o.value().step < 0:
-            r = o.value()
+        elif isinstance(r, RangeSweep) and not r.shuffle and r.step < 0:
             raise ConfigError(
                 f"{o.input_line}: a search's range() counts up: write "
                 f"range({r.stop},{r.start},{-r.step})"
@@ -286,6 +299,8 @@ def _check_search(overrides: list[Override], sweeper: DictConfig) -> None:
 def _check_interval(o: Override) -> None:
     """An ``interval(low,high)`` runs up; a log one from above 0."""
     r = o.value()
+    assert isinstance(r, IntervalSweep)  # called for interval sweeps only
+    assert r.start is not None and r.end is not None  # the grammar's interval(low,high)
     if r.start > r.end:
         raise ConfigError(
             f"{o.input_line}: an interval runs from its low end to its high end: write "
@@ -359,4 +374,5 @@ def with_repeats(
 
 
 def _given(overrides: list[Override], key: str) -> str:
-    return next((o.input_line for o in overrides if o.get_key_element() == key), key)
+    line = next((o.input_line for o in overrides if o.get_key_element() == key), None)
+    return line or key  # (an Override made by the parser always has its input_line)
