@@ -16,7 +16,8 @@ from ampsweep.config.schema import Config
 from ampsweep.engine.components import builders
 from ampsweep.precision import modes
 from ampsweep.runner import estimate
-from ampsweep.tracking import installed, store
+from ampsweep.tracking import store
+from ampsweep.tracking.logged_model import distributions_of, installed_version
 
 
 def git_state(start: Path | None = None, own: bool = True) -> dict[str, str]:
@@ -55,10 +56,10 @@ def target_provenance(fn) -> dict[str, str]:
     out: dict[str, str] = {}
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     top = (getattr(module, "__name__", "") or "").split(".")[0]
-    dists = installed.distributions_of(top)  # read once per package and process
+    dists = distributions_of(top)
     if dists:
         dist = dists[0]
-        out["version"] = f"{dist} {installed.version(dist)}"
+        out["version"] = f"{dist} {installed_version(dist)}"
     try:
         path = Path(inspect.getfile(module)).resolve() if module else None
     except TypeError:  # a built-in module has no file

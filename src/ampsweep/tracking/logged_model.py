@@ -10,8 +10,7 @@ A run's end waits for its model (a run is FINISHED only once its model is record
 things MLflow would do there are replaced by cheaper ones that give the same model:
 
 - the requirements: MLflow infers them by loading the saved model in a subprocess (seconds);
-  ampsweep pins what loading the model needs from the installed versions instead, read once
-  per process and environment;
+  ampsweep pins what loading the model needs from the installed versions instead;
 - the signature's output: one forward of the model on the whole input example (a batch of up
   to 65,536 values), where two rows give the same signature.
 
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import os
 import sys
 import tempfile
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from ampsweep.tracking import installed, store
+from ampsweep.tracking import store
 
 # Always required to load a model saved in pickle format (mlflow itself is added by MLflow).
 BASE_REQUIREMENTS = ("torch", "cloudpickle", "numpy")
@@ -167,45 +167,48 @@ def pickled_by_value(packages: Iterable[str]) -> set[str]:
     PyPI) and any that no installed distribution provides (a user's local module), so the
     model loads where neither is importable. Classes of installed packages are pickled by
     reference and their distributions pinned as requirements."""
-    return set(_by_value(frozenset(packages), installed.environment_key()))
+    return {p for p in set(packages) - NO_PACKAGE if p == "ampsweep" or not distributions_of(p)}
 
 
 def pinned_requirements(packages: Iterable[str]) -> list[str]:
     """``name==version`` of what loading the model needs: torch, cloudpickle, numpy and the
     installed distributions its classes come from (torchvision, timm, transformers, torchao;
-    scikit-learn for ``sklearn``...).
-    Versions are read from the installed distributions (local labels such as ``+cu128``
-    dropped, so pip finds them), once per process and environment: the jobs of a sweep log
-    the same packages, and so does a rerun."""
-    return list(_pins(frozenset(packages), installed.environment_key()))
-
-
-@functools.lru_cache(maxsize=64)
-def _by_value(packages: frozenset[str], environment: tuple) -> frozenset[str]:
-    return frozenset(p for p in packages - NO_PACKAGE if p == "ampsweep" or not _distributions(p))
-
-
-@functools.lru_cache(maxsize=64)
-def _pins(packages: frozenset[str], environment: tuple) -> tuple[str, ...]:
-    by_value = _by_value(packages, environment)
-    wanted = [*BASE_REQUIREMENTS, *sorted(packages - by_value - NO_PACKAGE)]
-    names = [name for package in wanted for name in _distributions(package)]
+    scikit-learn for ``sklearn``...), at the versions installed (local labels such as
+    ``+cu128`` dropped, so pip finds them)."""
+    packages = set(packages)
+    wanted = [*BASE_REQUIREMENTS, *sorted(packages - pickled_by_value(packages) - NO_PACKAGE)]
+    names = [name for package in wanted for name in distributions_of(package)]
     out = []
     for name in dict.fromkeys(names):
-        version = installed.version(name)
+        version = installed_version(name)
         if version is not None:
             out.append(f"{name}=={version.split('+')[0]}")
-    return tuple(out)
+    return out
 
 
-def _distributions(package: str) -> list[str]:
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, None if it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def distributions_of(package: str) -> list[str]:
     """The installed distributions that provide top-level package ``package``: most are named
-    after it (read directly, cheap), others not (``sklearn`` is scikit-learn's, ``PIL``
-    Pillow's, ``open_clip`` open_clip_torch's: found from what each distribution provides).
-    None (an empty list) for a local module or a built-in one."""
-    if installed.version(package) is not None:
+    after it, others not (``sklearn`` is scikit-learn's, ``yaml`` PyYAML's: found as
+    ``importlib.metadata`` maps packages to distributions). None (an empty list) for a local
+    module or a built-in one."""
+    if installed_version(package) is not None:
         return [package]
-    return installed.distributions_of(package)
+    return list(dict.fromkeys(_package_map().get(package, [])))
+
+
+@functools.cache
+def _package_map() -> dict[str, list[str]]:
+    # Built from every file of every installed distribution: read once per process, not for
+    # each package a sweep's jobs ask about.
+    return importlib.metadata.packages_distributions()
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ installed, read once per environment."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -22,8 +23,9 @@ from ampsweep.config.schema import Config, TrackingConfig, validate
 from ampsweep.engine import checkpoint
 from ampsweep.engine.checkpoint import ModelSnapshot
 from ampsweep.engine.data.batches import Batches
-from ampsweep.tracking import installed, logged_model
+from ampsweep.tracking import logged_model
 from ampsweep.tracking import store as mlflow_store
+from ampsweep.tracking.logged_model import distributions_of, installed_version
 
 
 def _snapshot():
@@ -186,25 +188,6 @@ def test_a_model_that_cannot_run_has_no_signature_output():
     assert logged_model.signature_output(snapshot) is None
 
 
-def test_requirements_are_read_once_per_environment(monkeypatch):
-    reads = []
-    real = installed.version
-    monkeypatch.setattr(installed, "version", lambda name: reads.append(name) or real(name))
-    logged_model._pins.cache_clear()
-    logged_model._by_value.cache_clear()
-    first = logged_model.pinned_requirements({"torch", "timm", "ampsweep"})
-    assert first[:3] == [f"{n}=={real(n).split('+')[0]}" for n in ("torch", "cloudpickle", "numpy")]
-    count = len(reads)
-    assert count > 0
-    assert logged_model.pinned_requirements({"ampsweep", "timm", "torch"}) == first
-    assert len(reads) == count  # the next job of a sweep, or a rerun: nothing read again
-    # a distribution installed or removed changes its folder's mtime: read again
-    key = installed.environment_key()
-    monkeypatch.setattr(installed, "environment_key", lambda: (*key[:2], ()))
-    assert logged_model.pinned_requirements({"torch", "timm", "ampsweep"}) == first
-    assert len(reads) > count
-
-
 @pytest.mark.parametrize("packages", [set(), {"torch"}, {"torch", "__main__", "builtins"}])
 def test_the_base_requirements_are_always_pinned(packages):
     names = [r.split("==")[0] for r in logged_model.pinned_requirements(packages)]
@@ -227,7 +210,18 @@ def test_a_package_named_otherwise_than_its_distribution_is_pinned_by_the_distri
     pins = logged_model.pinned_requirements({"torch", "sklearn", "PIL", "yaml"})
     for package, dist in (("sklearn", "scikit-learn"), ("PIL", "pillow"), ("yaml", "PyYAML")):
         (pin,) = [p for p in pins if p.split("==")[0].lower() == dist.lower()]
-        assert pin.split("==")[1] == installed.version(dist).split("+")[0], package
+        assert pin.split("==")[1] == installed_version(dist).split("+")[0], package
     assert logged_model.pickled_by_value({"torch", "sklearn", "PIL", "yaml", "mynets"}) == {
         "mynets"
     }
+
+
+def test_a_packages_distributions_are_those_importlib_names():
+    assert distributions_of("torch") == ["torch"]
+    assert distributions_of("yaml") == ["PyYAML"]  # not the package's own name
+    assert distributions_of("no_such_package_here") == []
+    assert installed_version("torch") == importlib.metadata.version("torch")
+    assert installed_version("no-such-distribution-here") is None
+    whole = importlib.metadata.packages_distributions()
+    for package in ("torch", "yaml", "sklearn", "mlflow", "hydra", "numpy", "_pytest"):
+        assert set(distributions_of(package)) <= set(whole[package])
