@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What a run costs beyond its training steps, each number printed against its target.
+"""What a run costs beyond its training steps: what recording adds to a whole run, and where.
 
   python scripts/bench_fixed_cost.py            # 5 repetitions, sweeps of 6 jobs (~6 min)
   python scripts/bench_fixed_cost.py --quick    # a dry run: 1 repetition, sweeps of 3 jobs
@@ -12,21 +12,19 @@ schema migrations are a one-off cost, printed as "new store"):
   standalone, tracked  ampsweep train (the default run: 10 epochs), as a process
   standalone, untracked  the same with tracking=none
   tracked / untracked  the median over --pairs pairs of the ratio of the two, run back to back
-                     in alternating order (the machine's drift cancels)       target <= 1.10
+                     in alternating order (the machine's drift cancels)
   imports            python -c "import torch, mlflow, hydra": the floor of any run
-  1-step run         ampsweep train trainer.max_steps=1, as a process       target <= 3.0 s
+  1-step run         ampsweep train trainer.max_steps=1, as a process
   1-step, untracked  the same with tracking=none                            (for comparison)
   1-step, own model  the same tracked run of examples/shapes (its model and data set named by
                      _target_, whose provenance the run records), from a copy of that folder
   new store          the 1-step run into a store that does not exist yet, less the 1-step run
   per job            of an in-process sweep of 1-step jobs, beyond training: (sweep of N jobs
                      - sweep of 1 job) / (N - 1), less a job's training (its perf/wall_s)
-                                                                            target <= 0.5 s
-  model, per job     what logging the model adds to a job's critical path in a sweep: the
-                     same sweep with tracking.log_model=false, the difference / N
-                                                                            target <= 0.5 s
+  model, per job     what logging the model adds to a job in a sweep: the same sweep with
+                     tracking.log_model=false, the difference / N
   model, logging     logging one model, timed in this process (warm): what it costs at the
-                     end of a standalone run (a sweep writes it while the next job trains)
+                     end of each run
   store calls        calls into MLflow's store by one 1-step job (counted, not timed)
 
 --where runs one standalone tracked run (in a subprocess, imports included) with a timer
@@ -60,8 +58,6 @@ SRC = REPO / "src"
 if SRC.is_dir() and str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))  # run from a checkout without installing
 
-TARGETS = {"1-step run": 3.0, "per job": 0.5, "model, per job": 0.5}
-RATIO_TARGET = 1.10  # standalone default run, tracked / untracked (paired median)
 DEFAULT_RUN = ["trainer.progress=false"]  # ampsweep train as typed, less the progress bar
 ONE_STEP = ["trainer.max_steps=1", "trainer.progress=false"]
 
@@ -370,27 +366,18 @@ def main() -> int:
         log_model_s, calls = measure_in_process(Path(tmp))
     print(f"at end:   {load_line()}")
     print()
-    header = f"{'measure':<30} {'median':>8} {'best':>8} {'worst':>8} {'target':>8}  verdict"
+    header = f"{'measure':<30} {'median':>8} {'best':>8} {'worst':>8}"
     print(header)
     print("-" * len(header))
-    failed = False
     for name, values in results.items():
-        target = TARGETS.get(name)
         median = statistics.median(values)
-        verdict = "-"
-        if target is not None:
-            verdict = "meets target" if median <= target else "ABOVE target"
-            failed |= median > target
-        shown = f"{target:.1f} s" if target else "-"
-        print(f"{name:<30} {median:>7.2f}s {min(values):>7.2f}s {max(values):>7.2f}s "
-              f"{shown:>8}  {verdict}")  # fmt: skip
+        print(f"{name:<30} {median:>7.2f}s {min(values):>7.2f}s {max(values):>7.2f}s")
     print(f"{'model, logging (in process)':<30} {log_model_s:>7.2f}s")
     ratio = statistics.median(ratios)
-    ok = ratio <= RATIO_TARGET
-    failed |= not ok
-    print(f"{'tracked / untracked (paired)':<30} {ratio:>7.3f}x {min(ratios):>7.3f}x "
-          f"{max(ratios):>7.3f}x {RATIO_TARGET:>7.2f}x  "
-          f"{'meets target' if ok else 'ABOVE target'}")  # fmt: skip
+    print(
+        f"{'tracked / untracked (paired)':<30} {ratio:>7.3f}x {min(ratios):>7.3f}x "
+        f"{max(ratios):>7.3f}x"
+    )
     print(f"{'  the same in CPU seconds':<30} {statistics.median(CPU_RATIOS):>7.3f}x "
           f"{min(CPU_RATIOS):>7.3f}x {max(CPU_RATIOS):>7.3f}x")  # fmt: skip
     print()
@@ -406,7 +393,7 @@ def main() -> int:
         "per job = (sweep of N - sweep of 1) / (N - 1) - a job's training (perf/wall_s); "
         "model, per job = (sweep of N with the model - without) / N."
     )
-    return 1 if failed and not args.quick else 0
+    return 0
 
 
 if __name__ == "__main__":
