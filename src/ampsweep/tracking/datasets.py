@@ -47,12 +47,17 @@ def records(inputs: Iterable[DataInput]) -> list:
 
     out = []
     for d in inputs:
-        schema = {"mlflow_tensorspec": {
-            "features": json.dumps([_tensor_spec("x", *d.features)]),
-            "targets": json.dumps([_tensor_spec("y", *d.targets)]),
-        }}  # fmt: skip
-        profile = {"num_rows": d.rows, "features_shape": [d.rows, *d.features[1]],
-                   "targets_shape": [d.rows, *d.targets[1]]}  # fmt: skip
+        schema = {
+            "mlflow_tensorspec": {
+                "features": json.dumps([_tensor_spec("x", *d.features)]),
+                "targets": json.dumps([_tensor_spec("y", *d.targets)]),
+            }
+        }
+        profile = {
+            "num_rows": d.rows,
+            "features_shape": [d.rows, *d.features[1]],
+            "targets_shape": [d.rows, *d.targets[1]],
+        }
         dataset = Dataset(
             name=d.name,
             digest=d.digest,

@@ -88,15 +88,22 @@ def log(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, name)
-            info = Model(artifact_path=model.artifact_location, model_uuid=model.model_id,
-                         run_id=run_id, model_id=model.model_id)  # fmt: skip
+            info = Model(
+                artifact_path=model.artifact_location,
+                model_uuid=model.model_id,
+                run_id=run_id,
+                model_id=model.model_id,
+            )
             with classes_pickled_by_value(pickled_by_value(snapshot.packages)):
                 mlflow.pytorch.save_model(
-                    snapshot.module, path, mlflow_model=info, input_example=snapshot.example,
+                    snapshot.module,
+                    path,
+                    mlflow_model=info,
+                    input_example=snapshot.example,
                     signature=infer_signature(snapshot.example, output),
                     serialization_format="pickle",
                     pip_requirements=pinned_requirements(snapshot.packages),
-                )  # fmt: skip
+                )
             client.log_model_artifacts(model.model_id, path)
         client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
         link(model.model_id)
@@ -115,8 +122,9 @@ def _finalize(client, model_id: str, ready: bool) -> None:
     client.finalize_logged_model(model_id, status)
 
 
-def link_metrics(client, run_id: str, model_id: str, points: Iterable[Point],
-                 inputs: dict[str, tuple[str, str]]) -> None:  # fmt: skip
+def link_metrics(
+    client, run_id: str, model_id: str, points: Iterable[Point], inputs: dict[str, tuple[str, str]]
+) -> None:
     """The run's final ``points`` linked to the model: the same points again with its id,
     which MLflow adds to the model's metrics and does not store twice in the run's history.
     ``inputs``: each split's data set (name, digest), so that val/acc names the validation set."""

@@ -295,9 +295,17 @@ class MlflowRecorder:
         """Log the trained model as an MLflow model of this run, with the run's params and the
         metrics of ``step`` linked to it (``logged_model.log``); its id (``m-...``)."""
         link = functools.partial(self._link_metrics, step=step)
-        return logged_model.log(self.client, self.run_id, self.experiment_id, snapshot, step,
-                                name=name, params=self._params, tags=mask_values(tags or {}),
-                                link=link)  # fmt: skip
+        return logged_model.log(
+            self.client,
+            self.run_id,
+            self.experiment_id,
+            snapshot,
+            step,
+            name=name,
+            params=self._params,
+            tags=mask_values(tags or {}),
+            link=link,
+        )
 
     def _link_metrics(self, model_id: str, step: int) -> None:
         """The metrics logged at ``step`` (the run's final numbers), once written, linked to
@@ -342,8 +350,10 @@ class MlflowRecorder:
         """The store took none of the end: try ending the run FAILED ahead of what waits
         (a store that takes a status but not metrics must not leave the run RUNNING); the
         journal's own end replaces it when the rest is written."""
-        why = (f"{waiting} records wait in {self.journal.path or 'memory'} (the store failed: "
-               f"{self.down}): `ampsweep repair` writes them and this run's real end")  # fmt: skip
+        why = (
+            f"{waiting} records wait in {self.journal.path or 'memory'} (the store failed: "
+            f"{self.down}): `ampsweep repair` writes them and this run's real end"
+        )
         with contextlib.suppress(Exception):
             self.client.set_tag(self.run_id, store.ERROR, why[: store.MAX_TAG_CHARS])
             self.client.set_terminated(self.run_id, status=store.FAILED)

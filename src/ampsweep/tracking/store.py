@@ -61,15 +61,25 @@ def target_tag(section: str, field: str | None = None) -> str:
 
 # Where a run happened (runner.environment writes them; the report reads them back)
 DEVICE, DEVICE_NAME, TORCH_VERSION, CUDA_VERSION = (
-    "device", "device_name", "torch_version", "cuda_version",
-)  # fmt: skip
+    "device",
+    "device_name",
+    "torch_version",
+    "cuda_version",
+)
 COMPUTE_CAPABILITY, CPU_THREADS, CPU_HALF_ISA = (
-    "compute_capability", "cpu_threads", "cpu_half_isa",
-)  # fmt: skip
+    "compute_capability",
+    "cpu_threads",
+    "cpu_half_isa",
+)
 DEVICE_TAGS = (
-    DEVICE, DEVICE_NAME, COMPUTE_CAPABILITY, CPU_THREADS, CPU_HALF_ISA, TORCH_VERSION,
+    DEVICE,
+    DEVICE_NAME,
+    COMPUTE_CAPABILITY,
+    CPU_THREADS,
+    CPU_HALF_ISA,
+    TORCH_VERSION,
     CUDA_VERSION,
-)  # fmt: skip
+)
 
 # fp8 modes: which nn.Linear layers were converted (names, comma-separated), which were kept
 # (every layer and why: the fp8_layers.json artifact), whether it was torchao's emulation.

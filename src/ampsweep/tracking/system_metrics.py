@@ -19,8 +19,9 @@ class SystemMetrics:
     buffered writer (no extra client polling the run), and takes a last sample when stopped,
     so a run shorter than the interval still has its point."""
 
-    def __init__(self, log: Callable[[dict[str, float], int], None], interval: float,
-                 step: int = 0):  # fmt: skip
+    def __init__(
+        self, log: Callable[[dict[str, float], int], None], interval: float, step: int = 0
+    ):
         self.log, self.interval, self.step = log, interval, step
         self._monitors: list = []
         self._stop = threading.Event()
