@@ -196,7 +196,8 @@ class Doctor:
     def _probe(self, cfg):
         from ampsweep.engine.build import build
         from ampsweep.engine.distributed import unwrap
-        from ampsweep.measure.probe import HookError, probe
+        from ampsweep.measure.hooks import HookError
+        from ampsweep.measure.probe import probe
 
         setup = build(cfg)
         batches = list(itertools.islice(setup.train_batches.epoch(0), PROBE_BATCHES))

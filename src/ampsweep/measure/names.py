@@ -10,6 +10,8 @@ from __future__ import annotations
 NONFINITE_STEP, NONFINITE_KIND = "numerics.nonfinite_step", "numerics.nonfinite_kind"
 NONFINITE_MODULE, NONFINITE_WHERE = "numerics.nonfinite_module", "numerics.nonfinite_where"
 NONFINITE_FIX = "numerics.nonfinite_fix"
+# precision | computation (fails in fp32 too) | divergence (the values grew first)
+NONFINITE_CAUSE = "numerics.nonfinite_cause"
 NONFINITE_STEPS = "numerics/nonfinite_steps"  # metric: how many steps were non-finite
 # The numerics probe: metrics, and two tags of ``name=value`` pairs
 HEADROOM = "numerics/fp16_forward_headroom_log2"  # log2(65504 / largest forward magnitude)

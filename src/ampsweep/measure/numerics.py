@@ -44,13 +44,22 @@ run stops up to ``log_every - 1`` steps after it crossed the limit.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 
 import torch
 
-from ampsweep.measure.probe import HookError
-from ampsweep.measure.replay import Origin, from_gradients, replay
+from ampsweep.measure.hooks import HookError
+from ampsweep.measure.replay import FORMAT_OF, Origin, absmax, replay, sound
 from ampsweep.precision.policy import PrecisionPolicy, StaticGradScaler
+
+# GradScaler's own inf check (private: checked on torch 2.14.1;
+# tests/unit/measure/test_numerics.py fails if it moves), read here at a scale of 1.
+_check_and_unscale = torch._amp_foreach_non_finite_check_and_unscale_
+
+GROWTH = 1e3  # weights or loss this many times their earlier size: the values diverged
+HISTORY = 32  # the steps' losses kept (references, nothing read) to tell growth afterwards
+SKIP_WINDOW = 16  # more than half of these last steps skipped by the scaler: not training
 
 
 class NonfiniteLocator:
@@ -63,11 +72,15 @@ class NonfiniteLocator:
         self.nonfinite_steps = 0
         self._params: list[torch.Tensor] | None = None  # the model's, listed once
         self._check = GradientCheck()
+        self._start: tuple[int, torch.Tensor] | None = None  # (step, weight norm), once a run
+        self._losses: deque = deque(maxlen=HISTORY)  # (step, detached loss): references only
 
     def before_update(self, view) -> None:
         """After ``unscale_``, before clipping and the update (the loop's step view)."""
         if self._params is None:
             self._params = list(view.module.parameters())
+            self._start = (view.step, _weight_norm(self._params))  # launched, not read
+        self._losses.append((view.step, view.losses[-1]))
         if not _nonfinite(view, self._params, self._check):  # read once a step
             return
         self.nonfinite_steps += 1
@@ -76,27 +89,57 @@ class NonfiniteLocator:
             return
         scaler = view.scaler
         scale = float(scaler.get_scale()) if scaler.is_enabled() else None
-        module = view.module
-        origin = None
-        try:
-            for i, (x, y) in enumerate(view.micro_batches):
-                origin = replay(
-                    module, x, y, self.policy, self.objective, self.loss_weight * (scale or 1.0)
-                )
-                if origin is not None:
-                    origin.micro_batch = i
-                    if scale and scale > 1 and origin.kind in ("weight_grad", "input_grad"):
-                        unscaled = replay(
-                            module, x, y, self.policy, self.objective, self.loss_weight
-                        )
-                        origin.unscaled_too = unscaled is not None
-                    break
-        except HookError as err:  # the run goes on; its record says why it was not located
-            origin = Origin(step=0, kind="not_hookable", reason=str(err))
-        origin = origin or from_gradients(module, view.losses) or Origin(0, "not_reproduced")
+        origin = self._locate(view.module, view.micro_batches, scale)
+        origin = origin or from_gradients(view.module, view.losses) or Origin(0, "not_reproduced")
         origin.step, origin.loss_scale, origin.mode = view.step, scale, self.policy.mode.name
         origin.nonfinite_steps = self.nonfinite_steps
+        origin.growth = self._growth(view.step)
+        origin.keepable = self.policy.mode.autocast and not _kept(self.policy, origin.module)
         self.origin = origin
+
+    def _locate(self, module, micro_batches, scale: float | None) -> Origin | None:
+        """Replay the step's micro-batches up to the first that is non-finite; then the same
+        micro-batch unscaled (is it the scale's doing?) and in fp32 (is it the format's?)."""
+        weight = self.loss_weight
+        try:
+            for i, (x, y) in enumerate(micro_batches):
+                origin = replay(module, x, y, self.policy, self.objective, weight * (scale or 1))
+                if origin is None:
+                    continue
+                origin.micro_batch = i
+                if scale and scale > 1 and origin.kind in ("weight_grad", "input_grad"):
+                    unscaled = replay(module, x, y, self.policy, self.objective, weight)
+                    origin.unscaled_too = unscaled is not None
+                in_fp32 = self.policy.mode.autocast or self.policy.mode.pure
+                origin.fp32_too = (
+                    replay(module, x, y, self.policy, self.objective, weight, fp32=True) is not None
+                    if in_fp32
+                    else True  # the run is in fp32 already
+                )
+                return origin
+        except HookError as err:  # the run goes on; its record says why it was not located
+            return Origin(step=0, kind="not_hookable", reason=str(err))
+        return None
+
+    def _growth(self, step: int) -> str:
+        """How the weights or the loss grew before ``step`` ('' if they did not: not a
+        divergence). Read only here, after the first non-finite step."""
+        words = []
+        if self._start is not None and self._params:
+            first_step, first = self._start
+            now = float(_weight_norm(self._params))
+            if not math.isfinite(now) or now > GROWTH * max(float(first), 1e-12):
+                words.append(
+                    f"the weights grew from {float(first):.1g} to {now:.1g} over "
+                    f"{step - first_step} steps"
+                )
+        finite = [(s, v) for s, loss in self._losses if math.isfinite(v := float(loss.sum()))]
+        if len(finite) >= 2:
+            (s0, v0), (s1, _) = finite[0], finite[-1]
+            top = max(abs(v) for _, v in finite)
+            if top > GROWTH * max(abs(v0), 1e-12):
+                words.append(f"the loss grew from {v0:.2g} to {top:.2g} over {s1 - s0} steps")
+        return " and ".join(words)
 
     def after_step(self, state) -> None: ...
 
@@ -126,6 +169,52 @@ class NoLocator:
         return {}
 
 
+def from_gradients(module: torch.nn.Module, losses: list[torch.Tensor]) -> Origin | None:
+    """The step's own gradients, where a replay stayed finite: the parameters whose gradient
+    is not sound, the one nearest the output named (the last in the model's order, which is
+    about the first the backward pass computes). None if the loss was not finite or no
+    gradient is bad (nothing to tell)."""
+    if not all(bool(torch.isfinite(loss.detach()).all()) for loss in losses):
+        return None
+    bad = [
+        (n, p.grad)
+        for n, p in module.named_parameters()
+        if p.grad is not None and not sound(p.grad)
+    ]
+    if not bad:
+        return None
+    name, grad = bad[-1]
+    owner = name.rpartition(".")[0]
+    kind = type(module.get_submodule(owner)).__name__ if owner else type(module).__name__
+    return Origin(
+        0,
+        "weight_grad",
+        owner,
+        kind,
+        param=name,
+        value=absmax(grad),
+        dtype=FORMAT_OF.get(grad.dtype, ""),
+        reproduced=False,
+        bad_params=[n for n, _ in bad],
+    )
+
+
+def _weight_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """The norm of all the weights together (a tensor: nothing read back)."""
+    with torch.no_grad():  # FSDP's sharded weights: this rank's shard (growth is a ratio)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        return torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.detach().float()) for p in local])
+        )
+
+
+def _kept(policy: PrecisionPolicy, name: str) -> bool:
+    """Whether the module called ``name`` already runs in fp32 (``precision.keep_fp32`` names
+    it or a module that holds it)."""
+    parts = name.split(".")
+    return any(policy.kept(".".join(parts[:i])) for i in range(1, len(parts) + 1))
+
+
 def _nonfinite(view, params: list[torch.Tensor], check: GradientCheck) -> bool:
     """Whether this step's loss or gradients held inf/NaN. Each finite step pays this, so it is
     a handful of operations: with a scaler, its own inf check, then the loss (summed over the
@@ -147,11 +236,10 @@ def _nonfinite(view, params: list[torch.Tensor], check: GradientCheck) -> bool:
 
 class GradientCheck:
     """Whether any of a step's tensors (its gradients, its losses) holds inf/NaN, in one pass:
-    GradScaler's own check (``torch._amp_foreach_non_finite_check_and_unscale_``, private:
-    checked on torch 2.14.1, tests/unit/measure/test_numerics.py fails if it moves) at a scale
-    of 1, so the tensors are left as they were (x * 1 is x). A norm per gradient and their sum
-    cost several times as much on the CPU (docs/benchmarks.md); under FSDP, DTensor reduces the flag
-    over the ranks, as it does for GradScaler.
+    GradScaler's own check (``_check_and_unscale``) at a scale of 1, so the tensors are left
+    as they were (x * 1 is x). A norm per gradient and their sum cost several times as much
+    on the CPU (docs/benchmarks.md); under FSDP, DTensor reduces the flag over the ranks, as
+    it does for GradScaler.
 
     Every step pays this, so the usual case is one call with no Python per tensor: plain
     strided tensors on one device (on the CPU of any dtypes, on CUDA of one). Otherwise (sparse
@@ -169,7 +257,7 @@ class GradientCheck:
         if self._single is not None:
             flag, one = self._single
             try:
-                torch._amp_foreach_non_finite_check_and_unscale_(tensors, flag, one)
+                _check_and_unscale(tensors, flag, one)
             except RuntimeError:  # e.g. a sparse gradient: not seen on the first step
                 self._single, self._grouped = None, True
                 flag.zero_()  # the call may have stopped part-way
@@ -185,7 +273,7 @@ class GradientCheck:
             if device not in flags:  # one flag per device, set by any of its groups
                 flags[device] = self._flag(device)
             flag, one = flags[device]
-            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)
+            _check_and_unscale(group, flag, one)
         plain = all(kind is torch.Tensor and not sparse for _, _, kind, sparse in groups)
         # On CUDA one fused launch takes one dtype (the others would go one kernel a tensor):
         # a single call there only where every tensor shares it.
@@ -236,6 +324,8 @@ class NonfiniteWatch:
         self.scaled = scaler.is_enabled()
         self.run = self.longest = start  # consecutive non-finite steps, and the most seen
         self._window: list[tuple] = []  # the steps not yet settled (since the last check)
+        self.recent: deque[bool] = deque(maxlen=SKIP_WINDOW)  # the scaler's last skips
+        self.scale: float | None = None  # the dynamic scale at the last settled step
 
     def observe(self, loss: torch.Tensor, skipped: torch.Tensor, scaler) -> None:
         """After ``scaler.update()``: remember this step (no device work, no sync). ``loss``:
@@ -260,9 +350,12 @@ class NonfiniteWatch:
         bad = (~finite).tolist()
         if self.scaled:
             skipped = torch.stack([x.float() for x in skips]).cpu().gt(0).tolist()
+            self.recent.extend(skipped)
             bad = [b or s for b, s in zip(bad, skipped, strict=True)]
         if self.lowering:
-            low = torch.stack(list(scales)).float().cpu().lt(self.min_scale).tolist()
+            values = torch.stack(list(scales)).float().cpu()
+            self.scale = float(values[-1])
+            low = values.lt(self.min_scale).tolist()
             bad = [b and below for b, below in zip(bad, low, strict=True)]
         for b in bad:
             self.run = self.run + 1 if b else 0
@@ -274,18 +367,24 @@ class NonfiniteWatch:
         return self.run
 
     def check(self, step: int) -> None:
-        """Raise Diverged once the limit was reached (call at log steps)."""
+        """Raise Diverged once the limit was reached, or once the scaler skipped most of the
+        last ``SKIP_WINDOW`` steps: a run that does not train (call at log steps)."""
         self._settle()
-        if self.limit and self.longest >= self.limit:
+        if not self.limit:
+            return
+        if self.longest >= self.limit:
             below = f" with the loss scale below {self.min_scale:g}" if self.lowering else ""
-            where = self.explain()
-            advice = (
-                where
-                if where
-                else "lower optimizer.lr, clip gradients (trainer.grad_clip), or raise "
-                "trainer.max_nonfinite_steps"
+            why = f"loss non-finite for {self.limit} consecutive steps{below}"
+        elif len(self.recent) == SKIP_WINDOW and sum(self.recent) > SKIP_WINDOW / 2:
+            scale = f", the loss scale down to {self.scale:.2g}" if self.scale is not None else ""
+            why = (
+                f"the scaler skipped {sum(self.recent)} of the last {SKIP_WINDOW} steps for "
+                f"inf/NaN gradients{scale}: the model is not training"
             )
-            raise Diverged(
-                f"loss non-finite for {self.limit} consecutive steps{below} "
-                f"(stopped at step {step}): {advice}"
-            )
+        else:
+            return
+        advice = self.explain() or (
+            "lower optimizer.lr, clip gradients (trainer.grad_clip), or raise "
+            "trainer.max_nonfinite_steps"
+        )
+        raise Diverged(f"{why} (stopped at step {step}): {advice}")

@@ -32,31 +32,13 @@ from pathlib import Path
 import torch
 
 from ampsweep.measure import names
+from ampsweep.measure.hooks import OpWatch, hook_forward, op_name, tensors
 from ampsweep.precision.modes import FORMATS
 
 ARTIFACT_JSON, ARTIFACT_MD = names.PROBE_JSON, names.PROBE_MD
 FP16 = FORMATS["fp16"]
 ZERO_BELOW = FP16.min_subnormal / 2  # |x| < this rounds to zero in fp16
 MAX_SCALE = 2.0**24  # the largest loss scale suggested (GradScaler's range in practice)
-
-
-class HookError(RuntimeError):
-    """A module the probe or the locator cannot hook (e.g. a TorchScript module)."""
-
-
-def hook_forward(
-    module: torch.nn.Module, hook, name: str = ""
-) -> torch.utils.hooks.RemovableHandle:
-    """``register_forward_hook(hook, with_kwargs=True)``, refused in words where a module does
-    not take hooks."""
-    try:
-        return module.register_forward_hook(hook, with_kwargs=True)
-    except Exception as err:
-        raise HookError(
-            f"module {name or '(the model)'} ({type(module).__name__}) takes no forward hook "
-            f"({type(err).__name__}: {' '.join(str(err).split())[:200]}): the numerics "
-            "diagnostics need a plain nn.Module (not TorchScript): pass the eager model"
-        ) from None
 
 
 @dataclass
@@ -134,14 +116,20 @@ class Probe:
     modules: list[ModuleRanges]
     batches: int
     update_lost: dict[str, dict[str, float]] = field(default_factory=dict)  # fmt -> param -> share
+    # module -> op -> the largest magnitude of the op's outputs, for the ops inside a forward
+    # (``attn``'s ``matmul``), which no module's output shows
+    ops: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def _grad_ranges(self) -> list[Range]:
         return [r for m in self.modules for r in (m.output_grad, m.weight_grad)]
 
     def fp16_overflow(self) -> list[tuple[str, float]]:
-        """Modules whose output exceeds fp16's largest value: (name, largest magnitude)."""
-        over = [(m.name, m.output.absmax) for m in self.modules if m.output.absmax > FP16.max]
-        return sorted(over, key=lambda x: -x[1])
+        """Modules whose output, or an op inside whose forward, exceeds fp16's largest value:
+        (name, largest magnitude)."""
+        top = {m.name: m.output.absmax for m in self.modules}
+        for name, ops in self.ops.items():
+            top[name] = max(top.get(name, 0.0), *ops.values())
+        return sorted(((n, v) for n, v in top.items() if v > FP16.max), key=lambda x: -x[1])
 
     def fp8_saturating(self) -> list[tuple[str, str, float, float]]:
         """The Linear layers whose values an unscaled cast to fp8 would saturate: (module,
@@ -165,10 +153,18 @@ class Probe:
         return out
 
     def forward_headroom(self, fmt: str = "fp16") -> tuple[str, float] | None:
-        """The module with the least headroom in ``fmt``, and that headroom (log2)."""
+        """The module, or the op inside a module's forward (``attn (its matmul)``), with the
+        least headroom in ``fmt``, and that headroom (log2). A module's own output wins a tie
+        with the op that made it."""
         rooms = [(m.name, m.output.headroom(fmt)) for m in self.modules]
         rooms = [(n, h) for n, h in rooms if h is not None]
-        return min(rooms, key=lambda x: x[1]) if rooms else None
+        least = min(rooms, key=lambda x: x[1]) if rooms else None
+        for name, ops in self.ops.items():
+            for op, top in ops.items():
+                room = math.log2(FORMATS[fmt].max / top) if top > 0 else None
+                if room is not None and (least is None or room < least[1] - 1e-9):
+                    least = (f"{name or 'model'} (its {op})", room)
+        return least
 
     def grad_underflow(self, scale: float = 1.0) -> float:
         """The share of non-zero gradient values fp16 flushes to zero at loss scale ``scale``."""
@@ -223,6 +219,7 @@ class Probe:
                 {"module": n, "absmax": v, "limit": FP16.max} for n, v in self.fp16_overflow()
             ],
             "update_lost": self.update_lost,
+            "ops": self.ops,
             "fp8_saturating_unscaled": [
                 {"module": n, "what": w, "absmax": v, "limit": lim}
                 for n, w, v, lim in self.fp8_saturating()
@@ -301,21 +298,35 @@ def probe(
         if owner[n] in ranges:
             ranges[owner[n]].weight.add(p)
 
+    ops: dict[str, dict[str, float]] = {}
+
+    def on_op(name, func, args, kwargs, out):
+        for t in tensors(out):
+            a = t.detach().abs()
+            a = a[torch.isfinite(a)]
+            if a.numel():
+                seen = ops.setdefault(name, {})
+                seen[op_name(func)] = max(seen.get(op_name(func), 0.0), float(a.max()))
+
     def forward_hook(mod, args, kwargs, out, name):
-        for t in _outputs(out):
+        watch.paused = True  # the probe's own measuring is not the model's op
+        for t in tensors(out):
             ranges[name].output.add(t)
             if t.requires_grad:
                 t.register_hook(lambda g, name=name: ranges[name].output_grad.add(g))
+        watch.paused = False
 
+    watch = OpWatch(module, on_op)
     handles = []
     try:
         for n, m in measured:
             handles.append(hook_forward(m, lambda *a, n=n: forward_hook(*a, name=n), n))
-        grads = _passes(module, params, buffers, batches, objective, loss_weight, ranges, owner)
+        with watch:
+            grads = _passes(module, params, buffers, batches, objective, loss_weight, ranges, owner)
     finally:
         for h in handles:
             h.remove()
-    result = Probe([ranges[n] for n, _ in measured], len(batches))
+    result = Probe([ranges[n] for n, _ in measured], len(batches), ops=ops)
     if optimizer is not None and grads:
         result.update_lost = update_lost_shares(module, optimizer, grads)
     return result
@@ -338,16 +349,6 @@ def _passes(module, params, buffers, batches, objective, loss_weight, ranges, ow
                 if owner[n] in ranges:
                     ranges[owner[n]].weight_grad.add(g)
     return grads
-
-
-def _outputs(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out] if out.is_floating_point() else []
-    if isinstance(out, list | tuple):
-        return [t for o in out for t in _outputs(o)]
-    if hasattr(out, "values") and hasattr(out, "keys"):
-        return [t for o in out.values() for t in _outputs(o)]
-    return []
 
 
 # -------------------------------------------------- the updates a half weight rounds away

@@ -6,7 +6,7 @@ buffers (``torch.func.functional_call``), so that the run's weights, gradients, 
 statistics and random state are untouched; it names where the value began (an ``Origin``: the
 kinds are listed in ``measure.numerics``, the training loop's locator, which calls it). Where
 the replay stays finite, the step's own gradients may still name the parameter
-(``from_gradients``).
+(``measure.numerics.from_gradients``).
 
 An ``Origin`` also says itself: the sentence and the fix the divergence message, the run's tags
 and ``numerics/first_nonfinite.json`` carry.
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from ampsweep.measure import names
-from ampsweep.measure.probe import HookError, hook_forward
+from ampsweep.measure.hooks import OpWatch, fp32_magnitude, hook_forward, op_name, tensors
 from ampsweep.precision.modes import FORMATS
 from ampsweep.precision.policy import PrecisionPolicy
 
@@ -55,6 +56,25 @@ class Origin:
     # gradients (a kernel that is not deterministic); the parameters whose gradient was bad:
     reproduced: bool = True
     bad_params: list[str] = field(default_factory=list)
+    op: str = ""  # the op that made it, where known (``matmul`` inside ``attn.forward``)
+    # Precision or not: whether the same step replayed in fp32 at the same weights failed too
+    # (None: not replayed), and the growth before it ("the weights grew from 1e2 to 1e17 over
+    # 10 steps"): a divergence, which no precision setting fixes
+    fp32_too: bool | None = None
+    growth: str = ""
+    # Whether ``precision.keep_fp32=[module]`` could change anything: the mode has autocast to
+    # leave and the module does not already run in fp32
+    keepable: bool = True
+
+    @property
+    def cause(self) -> str:
+        """``divergence`` (the values grew), ``computation`` (fails in fp32 too) or
+        ``precision`` (the format: fp32 at the same weights stays finite); '' if unknown."""
+        if self.growth:
+            return "divergence"
+        if self.fp32_too:
+            return "computation"
+        return "precision" if self.fp32_too is False else ""
 
     @property
     def scaled_overflow(self) -> bool:
@@ -68,21 +88,35 @@ class Origin:
         return f"{name} ({self.module_type})" if self.module_type else name
 
     def sentence(self) -> str:
-        """The origin in one sentence, with what most likely caused it."""
+        """The origin in one sentence, with what most likely caused it, and whether it is the
+        format's doing."""
+        said = self._where()
+        if self.growth:
+            return f"{said}; {self.growth}: a divergence, not the format"
+        if self.fp32_too:
+            return f"{said}; it fails in fp32 too, at the same weights: not the format"
+        return said
+
+    @property
+    def _in(self) -> str:
+        """`` (its matmul)``: the op inside the module, where known."""
+        return f" (its {self.op})" if self.op else ""
+
+    def _where(self) -> str:
         at = f"step {self.step}"
         scale = f" at loss scale {self.loss_scale:g}" if self.loss_scale else ""
         if self.kind == "forward":
             held = ""
             if self.value is not None and self.limit is not None and self.value > self.limit:
                 held = (
-                    f": its output reaches {self.value:.4g} in fp32, beyond {self.dtype}'s "
+                    f": it reaches {self.value:.4g} in fp32, beyond {self.dtype}'s "
                     f"largest value {self.limit:g} (a forward overflow)"
                 )
             elif self.value is not None and math.isfinite(self.value):
                 held = f" (in fp32 its output's largest magnitude is {self.value:.4g})"
             return (
-                f"{at}: the first non-finite value was the {self.dtype} output of {self.label}, "
-                f"with finite inputs{held}"
+                f"{at}: the first non-finite value was the {self.dtype} output of {self.label}"
+                f"{self._in}, with finite inputs{held}"
             )
         if self.kind == "loss":
             return (
@@ -118,8 +152,8 @@ class Origin:
                 else f"its backward overflowed {self.dtype} or failed"
             )
             return (
-                f"{at}: the first non-finite value was the gradient {self.label} passed back "
-                f"to its input{scale}, from a finite output gradient: {cause}"
+                f"{at}: the first non-finite value was the gradient {self.label}{self._in} "
+                f"passed back to its input{scale}, from a finite output gradient: {cause}"
             )
         if self.kind == "not_hookable":
             return f"{at}: the loss or a gradient was non-finite; not located: {self.reason}"
@@ -130,10 +164,21 @@ class Origin:
         )
 
     def fix(self) -> str:
-        """The config change that most likely fixes it ('' when none can be named)."""
+        """The config change that most likely fixes it ('' when none can be named): never a
+        ``precision.keep_fp32`` that changes nothing."""
+        if self.growth:
+            return (
+                "lower optimizer.lr, warm it up (optimizer.warmup_steps), or clip the "
+                "gradients (trainer.grad_clip=1.0)"
+            )
+        if self.fp32_too and self.module and self.kind != "loss":
+            part = "backward" if self.kind in ("weight_grad", "input_grad") else "forward"
+            return f"fix the {part} of {self.module}{self._in} (no precision setting changes it)"
         if self.kind not in ("forward", "weight_grad", "input_grad") or not self.module:
             if self.kind == "loss":
                 return "check the loss for log(0) or division by zero on these targets"
+            return ""
+        if not self.keepable:
             return ""
         target = self.consumers[0] if self.kind == "input_grad" and self.consumers else self.module
         keep = f"precision.keep_fp32=[{target}]"
@@ -151,12 +196,17 @@ class Origin:
             names.NONFINITE_MODULE: self.module,
             names.NONFINITE_WHERE: self.sentence()[:4000],
             names.NONFINITE_FIX: self.fix(),
+            names.NONFINITE_CAUSE: self.cause,
         }
 
     def write(self, folder: Path) -> Path:
         path = folder / Path(ARTIFACT).name
         path.write_text(
-            json.dumps({**asdict(self), "sentence": self.sentence(), "fix": self.fix()}, indent=2)
+            json.dumps(
+                {**asdict(self), "sentence": self.sentence(), "fix": self.fix()}
+                | {"cause": self.cause},
+                indent=2,
+            )
         )
         return path
 
@@ -164,61 +214,25 @@ class Origin:
 # ---------------------------------------------------------------- the replay
 
 
-def from_gradients(module: torch.nn.Module, losses: list[torch.Tensor]) -> Origin | None:
-    """The step's own gradients, where a replay stayed finite: the parameters whose gradient
-    is not sound, the one nearest the output named (the last in the model's order, which is
-    about the first the backward pass computes). None if the loss was not finite or no
-    gradient is bad (nothing to tell)."""
-    if not all(bool(torch.isfinite(loss.detach()).all()) for loss in losses):
-        return None
-    bad = [
-        (n, p.grad)
-        for n, p in module.named_parameters()
-        if p.grad is not None and not _sound(p.grad)
-    ]
-    if not bad:
-        return None
-    name, grad = bad[-1]
-    owner = name.rpartition(".")[0]
-    kind = type(module.get_submodule(owner)).__name__ if owner else type(module).__name__
-    return Origin(
-        0,
-        "weight_grad",
-        owner,
-        kind,
-        param=name,
-        value=_absmax(grad),
-        dtype=FORMAT_OF.get(grad.dtype, ""),
-        reproduced=False,
-        bad_params=[n for n, _ in bad],
-    )
+def _finite(tensors) -> bool:
+    return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)
 
 
-def _tensors(value) -> list[torch.Tensor]:
-    """The floating tensors in a module's inputs or outputs (nested in tuples, lists, dicts,
-    and Hugging Face's output objects)."""
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() else []
-    if isinstance(value, dict) or hasattr(value, "values") and hasattr(value, "keys"):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, list | tuple):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _finite(tensors: list[torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
-
-
-def _sound(g: torch.Tensor) -> bool:
+def sound(g: torch.Tensor | None) -> bool:
     """A gradient that is finite and whose norm is too: what the step's own check reads (the
     gradients' total norm). A kernel that returns 1e31 is as broken as one that returns NaN,
     and the next update turns it into NaN."""
-    return bool(torch.isfinite(torch.linalg.vector_norm(g.detach().float())))
+    return g is None or bool(torch.isfinite(torch.linalg.vector_norm(g.detach().float())))
 
 
-def _absmax(g: torch.Tensor) -> float:
+def absmax(g: torch.Tensor) -> float:
     return float(g.detach().abs().max()) if g.numel() else 0.0
+
+
+def _node_op(node) -> str:
+    """``MmBackward0`` -> ``mm``; a custom ``autograd.Function`` keeps its class name."""
+    name = re.sub(r"Backward\d*$", "", node.name())
+    return name if name.startswith("_") or not name[:1].isupper() else name.lower()
 
 
 @dataclass
@@ -227,9 +241,19 @@ class _Call:
     module: torch.nn.Module
     inputs_finite: bool
     output_finite: bool
-    input_ids: set[int]
     output_dtype: torch.dtype | None
     value: float | None = None
+
+
+@dataclass
+class _FirstOp:
+    """The first op whose output was non-finite from finite inputs, the innermost module
+    running it, and its output's magnitude recomputed in fp32."""
+
+    op: str
+    module: str
+    dtype: torch.dtype | None
+    value: float | None
 
 
 def replay(
@@ -239,143 +263,157 @@ def replay(
     policy: PrecisionPolicy,
     objective,
     loss_weight: float,
+    fp32: bool = False,
 ) -> Origin | None:
     """Run one micro-batch forward and backward as the step did, with hooks on every module;
     the origin of its first non-finite value, or None if it stayed finite. ``loss_weight``:
-    what backward saw the loss multiplied by (the loss scale included)."""
+    what backward saw the loss multiplied by (the loss scale included). ``fp32``: the same
+    step at the same weights in fp32, without autocast (is it the format?)."""
     names = {id(m): n for n, m in module.named_modules()}
+    cast = (lambda t: t.float() if t.is_floating_point() else t) if fp32 else (lambda t: t)
     params = {
-        n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in module.named_parameters()
+        n: cast(p.detach()).clone().requires_grad_(p.requires_grad)
+        for n, p in module.named_parameters()
     }
-    buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+    buffers = {n: cast(b.detach()).clone() for n, b in module.named_buffers()}
+    x = cast(x)
     calls: list[_Call] = []
-    produced: dict[int, str] = {}  # id of an output tensor -> the module that made it
-    keep: list[torch.Tensor] = []  # outputs kept alive, so that their ids stay unique
-    # backward, in order: (kind, module, param, sound, largest magnitude)
-    events: list[tuple[str, str, str, bool, float]] = []
+    owner: dict = {}  # autograd node -> the innermost module whose forward made it
+    first_op: list[_FirstOp] = []
+    device_type = x.device.type
+
+    def on_op(name, func, args, kwargs, out):
+        outs = tensors(out)
+        if first_op or not outs or _finite(outs) or not _finite(tensors((args, kwargs))):
+            return
+        value = fp32_magnitude(func, args, kwargs, device_type)
+        first_op.append(_FirstOp(op_name(func), name, outs[0].dtype, value))
 
     def forward_hook(mod, args, kwargs, out):
         name = names.get(id(mod), "")
-        ins, outs = _tensors((args, kwargs)), _tensors(out)
-        call = _Call(
-            name,
-            mod,
-            _finite(ins),
-            _finite(outs),
-            {id(t) for t in ins},
-            outs[0].dtype if outs else None,
-        )
+        ins, outs = tensors((args, kwargs)), tensors(out)
+        call = _Call(name, mod, _finite(ins), _finite(outs), outs[0].dtype if outs else None)
         calls.append(call)
-        for t in outs:
-            produced.setdefault(id(t), name)
-            keep.append(t)
-            if t.requires_grad:
-                t.register_hook(
-                    lambda g, name=name: events.append(("output", name, "", _sound(g), _absmax(g)))
-                )
-        if call.inputs_finite and not call.output_finite and call.value is None:
-            call.value = _fp32_magnitude(mod, args, kwargs, x.device.type)
+        _claim(owner, name, outs, ins)
+        if call.inputs_finite and not call.output_finite:
+            ops.paused = True
+            call.value = fp32_magnitude(mod, args, kwargs, device_type)
+            ops.paused = False
 
+    ops = OpWatch(module, on_op)
     handles = []
-    for name, m in module.named_modules():
-        try:
-            handles.append(hook_forward(m, forward_hook, name))
-        except HookError:
-            for h in handles:
-                h.remove()
-            raise
-    for pname, p in params.items():
-        if p.requires_grad:
-            owner = pname.rpartition(".")[0]
-            p.register_hook(
-                lambda g, owner=owner, pname=pname: events.append(
-                    ("weight", owner, pname, _sound(g), _absmax(g))
-                )
-            )
-    devices = [x.device] if x.device.type == "cuda" else []
     try:
+        for name, m in module.named_modules():
+            handles.append(hook_forward(m, forward_hook, name))
+        devices = [x.device] if device_type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            with policy.autocast():
+            autocast = torch.autocast(device_type, enabled=False) if fp32 else policy.autocast()
+            with autocast, ops:
                 out = torch.func.functional_call(module, {**params, **buffers}, (x,))
                 loss = objective(out, y)
-            origin = _forward_origin(calls, loss)
+            origin = _forward_origin(calls, loss, first_op[0] if first_op else None)
             if origin is not None:
                 return origin
             wanted = [p for p in params.values() if p.requires_grad]
             if not wanted or not loss.requires_grad:
                 return None
+            first = _watch_backward(loss)
             torch.autograd.grad(loss * loss_weight, wanted, allow_unused=True)
     finally:
         for h in handles:
             h.remove()
-    return _backward_origin(events, calls, produced, module)
+    return _backward_origin(first, owner, calls, params)
 
 
-def _fp32_magnitude(mod, args, kwargs, device_type: str) -> float | None:
-    """The largest magnitude of ``mod``'s output recomputed in fp32 (what the format had to
-    hold); None if that fails."""
-    try:
-        with torch.no_grad(), torch.autocast(device_type=device_type, enabled=False):
-            cast = [
-                a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                for a in args
-            ]
-            out = mod(*cast, **kwargs)
-        return max((float(t.abs().max()) for t in _tensors(out) if t.numel()), default=None)
-    except Exception:  # a module that refuses fp32 inputs: the origin is named all the same
-        return None
+def _claim(owner: dict, name: str, outs, ins) -> None:
+    """Give the autograd nodes a module's forward made (those between its inputs and its
+    outputs not yet claimed by a module inside it) to that module. The module hooks finish
+    innermost first, so each node goes to the innermost module that ran it; autocast's own
+    casts, inline ``F.*`` calls and custom ``autograd.Function``s included."""
+    stop = {t.grad_fn for t in ins if t.grad_fn is not None}
+    todo = [t.grad_fn for t in outs if t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in owner or node in stop or not hasattr(node, "next_functions"):
+            continue
+        if type(node).__name__ == "AccumulateGrad":
+            continue
+        owner[node] = name
+        todo.extend(n for n, _ in node.next_functions)
 
 
-def _forward_origin(calls: list[_Call], loss: torch.Tensor) -> Origin | None:
+def _watch_backward(loss: torch.Tensor) -> list:
+    """Hooks on every node of the loss's graph; the list they fill with the first node whose
+    backward turned sound gradients into an unsound one (and which of its outputs)."""
+    first: list = []
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ != "AccumulateGrad":
+
+            def hook(grad_inputs, grad_outputs, node=node):
+                if first or not all(sound(g) for g in grad_outputs):
+                    return
+                bad = [i for i, g in enumerate(grad_inputs) if not sound(g)]
+                if bad:
+                    first.append((node, bad[0], grad_inputs[bad[0]]))
+
+            node.register_hook(hook)
+        todo.extend(n for n, _ in node.next_functions)
+    return first
+
+
+def _forward_origin(calls: list[_Call], loss: torch.Tensor, op: _FirstOp | None) -> Origin | None:
     for call in calls:
         if call.inputs_finite and not call.output_finite:
-            fmt = FORMAT_OF.get(call.output_dtype, str(call.output_dtype))
-            limit = FORMATS[fmt].max if fmt in FORMATS else None
+            inside = op is not None and (op.module == call.name or _contains(call.name, op.module))
+            name = op.module if inside else call.name
+            dtype = op.dtype if inside else call.output_dtype
+            fmt = FORMAT_OF.get(dtype, str(dtype))
+            kind = next((type(c.module).__name__ for c in calls if c.name == name), "")
             return Origin(
                 0,
                 "forward",
-                call.name,
-                type(call.module).__name__,
+                name,
+                kind,
                 dtype=fmt,
-                value=call.value,
-                limit=limit,
+                value=op.value if inside else call.value,
+                limit=FORMATS[fmt].max if fmt in FORMATS else None,
+                op=op.op if inside else "",
             )
     if not bool(torch.isfinite(loss.detach()).all()):
         return Origin(0, "loss", dtype=FORMAT_OF.get(loss.dtype, str(loss.dtype)))
     return None
 
 
-def _backward_origin(events, calls: list[_Call], produced: dict[int, str], module) -> Origin | None:
+def _backward_origin(first: list, owner: dict, calls: list[_Call], params: dict) -> Origin | None:
+    """The node whose backward first made an unsound gradient: a parameter's gradient (through
+    casts and views) is the module's weight gradient, else the gradient it passed back."""
+    if not first:
+        return None
+    node, index, grad = first[0]
     types = {c.name: type(c.module).__name__ for c in calls}
-    dtypes = {n: FORMAT_OF.get(p.dtype, "") for n, p in module.named_parameters()}
-    for kind, name, pname, sound, top in events:
-        if sound:
-            continue
-        if kind == "weight":
-            return Origin(
-                0,
-                "weight_grad",
-                name,
-                types.get(name, ""),
-                param=pname,
-                dtype=dtypes.get(pname, ""),
-                value=top,
-            )
-        # The gradient into ``name``'s output: made by the modules that consumed that output.
-        made = {i for i, n in produced.items() if n == name}
-        consumers = [c.name for c in calls if c.input_ids & made and c.name != name]
-        consumers = [n for n in dict.fromkeys(consumers) if not _contains(n, name)]
-        culprit = consumers[0] if consumers else name.rpartition(".")[0]
-        dtype = next((FORMAT_OF.get(c.output_dtype, "") for c in calls if c.name == name), "")
+    by_id = {id(p): n for n, p in params.items()}
+    dtype = FORMAT_OF.get(grad.dtype, "") if grad is not None else ""
+    step, hops = node.next_functions[index][0], 0
+    while step is not None and hops < 4 and type(step).__name__ != "AccumulateGrad":
+        nexts = [n for n, _ in step.next_functions if n is not None]
+        step, hops = (nexts[0] if len(nexts) == 1 else None), hops + 1
+    pname = by_id.get(id(getattr(step, "variable", None)), "") if step is not None else ""
+    if pname:
+        name = pname.rpartition(".")[0]
         return Origin(
-            0,
-            "input_grad",
-            culprit,
-            types.get(culprit, ""),
-            dtype=dtype,
-            consumers=consumers or [culprit],
-        )
-    return None
+            0, "weight_grad", name, types.get(name, ""), param=pname, dtype=dtype,
+            value=absmax(grad), op=_node_op(node),
+        )  # fmt: skip
+    name = owner.get(node, "")
+    return Origin(
+        0, "input_grad", name, types.get(name, ""), dtype=dtype, consumers=[name],
+        op=_node_op(node),
+    )  # fmt: skip
 
 
 def _contains(outer: str, inner: str) -> bool:

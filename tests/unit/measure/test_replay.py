@@ -10,7 +10,7 @@ from conftest import Gain
 from torch import nn
 
 from ampsweep.engine.tasks import default_objective
-from ampsweep.measure.probe import HookError
+from ampsweep.measure.hooks import HookError
 from ampsweep.measure.replay import replay
 from ampsweep.precision.modes import PrecisionConfig
 from ampsweep.precision.policy import build_policy
