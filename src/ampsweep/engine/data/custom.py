@@ -3,9 +3,11 @@
 The callable (called with the section's other keys) returns a map-style torch ``Dataset`` of
 ``(input, label)`` pairs, split here into train and validation by ``dataset.val_fraction`` and
 ``dataset.split_seed``, or a ``(train, val)`` pair of them. Inputs may be tensors, NumPy arrays
-or numbers; a label is an integer (classification) or a sequence of token ids
-(language modeling). The input shape comes from the first item; the number of classes from the
-data set's ``num_classes``, ``classes`` or ``vocab_size`` attribute, else from the labels.
+or numbers; a label is an integer (classification), a sequence of token ids (language
+modeling), or what another task takes (a float, 0/1, a multi-hot vector, a mask). The input
+shape comes from the first item; the number of classes from the data set's ``num_classes``,
+``classes`` or ``vocab_size`` attribute, else from the labels (for regression, binary and
+multi-label targets: the values per target, the model's outputs).
 
 Inputs are normalised only when ``dataset.mean``/``std`` are given (the keys every data set
 shares: a split, augmentation and preloading apply as for the built-in data sets). A data set
@@ -82,12 +84,15 @@ def convert(item, task: str, where: str) -> tuple[torch.Tensor, torch.Tensor]:
                 f"ids of the input's shape {tuple(x.shape)}), got {y.dtype} {tuple(y.shape)}"
             )
         return x, y.long()
+    if task != "classification":  # numbers, 0/1, multi-hot or a mask: the task checks them
+        return x, torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
     if isinstance(y, torch.Tensor | np.ndarray) and y.ndim == 0:
         y = y.item()
     if isinstance(y, bool) or not isinstance(y, Integral) or y < 0:
         raise ConfigError(
-            f"{where}: the label {y!r} is not a class index (an int >= 0): return integer labels"
-            " (for token sequences use task=language_modeling)"
+            f"{where}: the label {y!r} is not a class index (an int >= 0) for task="
+            "classification: use task=regression to predict numbers (task=binary for 0/1, "
+            "task=language_modeling for token sequences)"
         )
     return x, torch.tensor(int(y))
 
@@ -126,6 +131,8 @@ def load_target(cfg: DatasetConfig, builder: Builder, task: str) -> Splits:
     size = (len(items[0]) + len(items[1])) * math.prod(shape) * 4
     preload = Preload(cfg.preload) != Preload.false and size <= PRELOAD_MAX_BYTES
     splits = [materialise(s) for s in items] if preload else items
+    if stated is None and task in ("regression", "binary", "multilabel"):
+        stated = max(1, first[0][1].numel())  # the model's outputs: one per target value
     if stated is None:
         stated = 1 + max(int(_labels(s).max()) for s in splits)
     elif preload:

@@ -298,7 +298,12 @@ class OwnTask(Task):
 
     def check(self, logits, y, num_classes, model, data):
         if callable(getattr(self.task, "check", None)):
-            self.task.check(logits, y, model, data)
+            try:
+                self.task.check(logits, y, model, data)
+            except ConfigError:
+                raise
+            except Exception as err:  # the task's own refusal, as one line
+                raise ConfigError(f"{self.label}: {' '.join(str(err).split())}") from None
         trial = self.evaluation(_no_loss)  # the metrics it reports: val/loss and the score
         trial.update(logits, y)
         trial.compute()
