@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from ampsweep.precision.modes import color as _color
 from ampsweep.report import quality
-from ampsweep.report.model import Report, Row, is_number
+from ampsweep.report.model import Report, Row, is_number, measured
 from ampsweep.tracking.store import FINISHED
 
 
@@ -34,9 +34,12 @@ def _errors(rows: list[Row], key: str):
     below, above = [], []
     for r in rows:
         est, value = r.ci.get(key), getattr(r, key)
-        has = est is not None and est.has_interval and is_number(value)
-        below.append(value - est.low if has else 0.0)
-        above.append(est.high - value if has else 0.0)
+        if est is not None and est.low is not None and est.high is not None and is_number(value):
+            below.append(value - est.low)
+            above.append(est.high - value)
+        else:
+            below.append(0.0)
+            above.append(0.0)
     return [below, above] if any(below) or any(above) else None
 
 
@@ -83,12 +86,13 @@ def _over(report: Report) -> str:
 
 
 def throughput(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.summary if is_number(r.samples_per_s)]
-    if not rows:
+    found = measured(report.summary, "samples_per_s")
+    if not found:
         return None
+    rows = [r for r, _ in found]
     fig, ax = _figure(figsize=(8, 4.5))
     notes = [_x(r.speedup) + (" (emulated)" if r.emulated else "") for r in rows]
-    _bars(ax, rows, [r.samples_per_s for r in rows], notes, "samples/s", "samples_per_s")
+    _bars(ax, rows, [v for _, v in found], notes, "samples/s", "samples_per_s")
     ax.set_title(
         f"Training throughput (labels: speed-up over {report.baseline_mode}{_over(report)})"
     )
@@ -96,15 +100,16 @@ def throughput(report: Report, path: Path) -> Path | None:
 
 
 def memory(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.summary if is_number(r.activation_mib)]
-    if not rows:
+    found = measured(report.summary, "activation_mib")
+    if not found:
         return None
-    peak = [r for r in rows if is_number(r.peak_mib)]
+    rows = [r for r, _ in found]
+    peak = measured(rows, "peak_mib")
     fig, axes = _figure(1, 2 if peak else 1, figsize=(12 if peak else 8, 4.5), squeeze=False)
     _bars(
         axes[0][0],
         rows,
-        [r.activation_mib for r in rows],
+        [v for _, v in found],
         [_x(r.activation_ratio) for r in rows],
         "MiB saved for backward per step",
         "activation_mib",
@@ -113,9 +118,9 @@ def memory(report: Report, path: Path) -> Path | None:
     if peak:
         _bars(
             axes[0][1],
-            peak,
-            [r.peak_mib for r in peak],
-            [_x(r.peak_ratio) for r in peak],
+            [r for r, _ in peak],
+            [v for _, v in peak],
+            [_x(r.peak_ratio) for r, _ in peak],
             "MiB (CUDA peak allocated)",
             "peak_mib",
         )
@@ -124,25 +129,27 @@ def memory(report: Report, path: Path) -> Path | None:
 
 
 def accuracy(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.summary if is_number(r.val_acc)]
-    if not rows:
+    found = measured(report.summary, "val_acc")
+    if not found:
         return None
+    rows, values = [r for r, _ in found], [v for _, v in found]
     fig, ax = _figure(figsize=(8, 4.5))
     notes = [f"{r.acc_delta * 100:+.1f} pt" if is_number(r.acc_delta) else "" for r in rows]
-    _bars(ax, rows, [r.val_acc for r in rows], notes, "validation accuracy", "val_acc")
-    low = min(r.val_acc for r in rows)
+    _bars(ax, rows, values, notes, "validation accuracy", "val_acc")
+    low = min(values)
     ax.set_ylim(max(0.0, low - 0.1), 1.0 if low > 0.5 else None)
     ax.set_title(f"Validation accuracy (labels: points vs {report.baseline_mode}{_over(report)})")
     return _save(fig, path)
 
 
 def capacity(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.summary if is_number(r.max_batch)]
-    if not rows or not report.budget:
+    found = measured(report.summary, "max_batch")
+    if not found or not report.budget:
         return None
+    rows = [r for r, _ in found]
     fig, ax = _figure(figsize=(8, 4.5))
     notes = [_x(r.max_batch_ratio) for r in rows]
-    _bars(ax, rows, [r.max_batch for r in rows], notes, "samples per step", "max_batch")
+    _bars(ax, rows, [v for _, v in found], notes, "samples per step", "max_batch")
     ax.set_title(
         f"Largest batch predicted {report.budget} (labels: ratio to {report.baseline_mode})"
     )
@@ -150,14 +157,15 @@ def capacity(report: Report, path: Path) -> Path | None:
 
 
 def perplexity(report: Report, path: Path) -> Path | None:
-    rows = [r for r in report.rows if is_number(r.val_ppl)]
-    if not rows:
+    found = measured(report.rows, "val_ppl")
+    if not found:
         return None
+    rows = [r for r, _ in found]
     fig, ax = _figure(figsize=(8, 4.5))
     _bars(
         ax,
         rows,
-        [r.val_ppl for r in rows],
+        [v for _, v in found],
         [_x(r.ppl_ratio) for r in rows],
         "validation perplexity (lower is better)",
     )
@@ -211,6 +219,7 @@ def time_to_quality(report: Report, path: Path) -> Path | None:
     rows = {r.run_id: r for r in report.rows}
     group_of = {m: s for s in report.summary for m in s.members}
     score = quality.score_of(runs[0])
+    assert score is not None  # runs are those with a score
     fig, ax = _figure(figsize=(8, 4.5))
     labelled = set()
     for run in runs:

@@ -17,7 +17,15 @@ from ampsweep.config.score import OWN_COLUMNS
 from ampsweep.measure import contention
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics, quality, stats
-from ampsweep.report.model import Row, how_much, is_mode, is_number, ratio_range, times
+from ampsweep.report.model import (
+    Row,
+    how_much,
+    is_mode,
+    is_number,
+    measured,
+    ratio_range,
+    times,
+)
 from ampsweep.report.probe import noscale_findings, underflow_findings
 from ampsweep.tracking.store import FINISHED
 
@@ -117,41 +125,43 @@ def findings(
 
 def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     out = []
-    timed = [r for r in group if is_number(r.speedup) and not r.emulated and not r.contended]
+    timed = measured((r for r in group if not r.emulated and not r.contended), "speedup")
     if len(timed) > 1:  # a mode to compare with the baseline (an emulated one has no speed)
-        best = max(timed, key=lambda r: r.speedup)
-        if best.precision == base or best.speedup <= 1.0:
-            others = [r for r in timed if r is not best]
-            slower = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in others)
+        best, speedup = max(timed, key=lambda m: m[1])
+        if best.precision == base or speedup <= 1.0:
+            others = [(r, x) for r, x in timed if r is not best]
+            slower = ", ".join(f"{r.precision} {x:.2f}x" for r, x in others)
             out.append(
                 f"Fastest here{where}: {best.precision} at {_rate(best)}; "
                 f"every other mode is slower (throughput relative to {base}: {slower})."
             )
         else:
             out.append(
-                f"Fastest here{where}: {best.precision}, {best.speedup:.2f}x the {base} "
+                f"Fastest here{where}: {best.precision}, {speedup:.2f}x the {base} "
                 f"throughput ({_rate(best)})."
             )
-    act = [r for r in group if is_number(r.activation_ratio) and r.precision != base]
+    act = measured((r for r in group if r.precision != base), "activation_ratio")
     if act:
-        best = min(act, key=lambda r: r.activation_ratio)
-        saved = (1 - best.activation_ratio) * 100
-        base_mib = best.activation_mib / best.activation_ratio
-        if best.activation_ratio < 1.0:
+        best, ratio = min(act, key=lambda m: m[1])
+        mib = best.activation_mib
+        assert mib is not None  # what its ratio was measured from
+        saved = (1 - ratio) * 100
+        base_mib = mib / ratio
+        if ratio < 1.0:
             out.append(
                 f"Most activation memory saved{where}: {best.precision}, "
-                f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
-                f"({best.activation_ratio:.2f}x, {saved:.0f}% less)."
+                f"{mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
+                f"({ratio:.2f}x, {saved:.0f}% less)."
             )
         else:
             out.append(
                 f"No mode saved activation memory{where}: the least is {best.precision} with "
-                f"{best.activation_mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
-                f"({best.activation_ratio:.2f}x). {WEIGHT_COPIES}"
+                f"{mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
+                f"({ratio:.2f}x). {WEIGHT_COPIES}"
             )
-    peak = [r for r in group if is_number(r.peak_ratio) and r.precision != base]
+    peak = measured((r for r in group if r.precision != base), "peak_ratio")
     if peak:
-        best = min(peak, key=lambda r: r.peak_ratio)
+        best, _ = min(peak, key=lambda m: m[1])
         out.append(
             f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB "
             f"({best.peak_ratio:.2f}x {base})."
@@ -164,7 +174,7 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
 
 
 def _on(device: dict[str, str]) -> str:
-    kind = device.get("device")
+    kind = device.get("device", "")
     return {"cpu": " on this CPU", "cuda": " on this GPU"}.get(kind, "")
 
 
@@ -186,14 +196,16 @@ def _speed(r: Row, base: str, on: str) -> str:
     est = r.ci.get("speedup")
     verdict = stats.compare(est, 1.0)
     shown = ratio_of(r, "speedup")
-    if stats.wide(est, stats.PRECISION_WANTED, ratio=True):
+    speedup = r.speedup
+    assert speedup is not None  # a mode timed against the baseline
+    if est is not None and stats.wide(est, stats.PRECISION_WANTED, ratio=True):
         within = f"within {stats.PRECISION_WANTED:.0%}"
         why = stats.too_wide(est, stats.PRECISION_WANTED, True, within)
-        words = how_much(r.speedup)
+        words = how_much(speedup)
         than = "as fast as" if words == "as fast" else f"{words} than"
         return f"{r.precision} ran {than} {base}{on} in the mean ({shown}), but {why}"
     if verdict in ("lower", "higher"):
-        words = how_much(r.speedup)
+        words = how_much(speedup)
         if words == "as fast":
             words = "slightly slower" if verdict == "lower" else "slightly faster"
         return f"{r.precision} is {words} than {base}{on} ({shown})"
@@ -222,24 +234,28 @@ def interval_findings(group: list[Row], base: str, where: str, device: dict) -> 
     ]
     if speed:
         out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
-    act = [r for r in others if is_number(r.activation_ratio)]
+    act = measured(others, "activation_ratio")
     if act:
-        best = min(act, key=lambda r: r.activation_ratio)
-        base_mib = best.activation_mib / best.activation_ratio
-        saved = best.activation_ratio < 1
-        less = f"; {(1 - best.activation_ratio) * 100:.0f}% less" if saved else ""
+        best, ratio = min(act, key=lambda m: m[1])
+        mib = best.activation_mib
+        assert mib is not None  # what its ratio was measured from
+        base_mib = mib / ratio
+        saved = ratio < 1
+        less = f"; {(1 - ratio) * 100:.0f}% less" if saved else ""
         head = "Most activation memory saved" if saved else "No mode saved activation memory"
         why = "" if saved else f" {WEIGHT_COPIES}"
         out.append(
-            f"{head}{where}: {best.precision}, {best.activation_mib:.2f} MiB per step vs "
+            f"{head}{where}: {best.precision}, {mib:.2f} MiB per step vs "
             f"{base_mib:.2f} MiB for {base} ({ratio_of(best, 'activation_ratio')}{less}).{why}"
         )
-    peak = [r for r in others if is_number(r.peak_ratio)]
+    peak = measured(others, "peak_ratio")
     if peak:
-        best = min(peak, key=lambda r: r.peak_ratio)
+        best, ratio = min(peak, key=lambda m: m[1])
+        mib = best.peak_mib
+        assert mib is not None  # what its ratio was measured from
         out.append(
-            f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB vs "
-            f"{best.peak_mib / best.peak_ratio:,.0f} MiB for {base} "
+            f"Lowest peak GPU memory{where}: {best.precision}, {mib:,.0f} MiB vs "
+            f"{mib / ratio:,.0f} MiB for {base} "
             f"({ratio_of(best, 'peak_ratio')})."
         )
     return out
@@ -283,18 +299,16 @@ def _target_findings(group: list[Row], base: str, where: str, target: str) -> li
     rows = [r for r in group if r.target_evals]
     if not rows:
         return []
-    hit = sorted((r for r in rows if is_number(r.target_s)), key=lambda r: r.target_s)
-    base_row = next((r for r in hit if r.precision == base), None)
+    hit = sorted(measured(rows, "target_s"), key=lambda m: m[1])
+    base_hit = next((m for m in hit if m[0].precision == base), None)
     parts = []
-    for r in hit:
+    for r, s in hit:
         of = f", {r.target_reached} of {r.n} runs" if r.target_reached < r.n else ""
         vs = ""
-        if base_row is not None and r is not base_row and base_row.target_s > 0:
-            vs = f", {times(r.target_s / base_row.target_s)} {base}'s time"
+        if base_hit is not None and r is not base_hit[0] and base_hit[1] > 0:
+            vs = f", {times(s / base_hit[1])} {base}'s time"
         mean = " in the mean" if r.n > 1 else ""
-        parts.append(
-            f"{r.precision} in {r.target_s:.1f} s{mean} (step {r.target_steps:,.0f}{of}{vs})"
-        )
+        parts.append(f"{r.precision} in {s:.1f} s{mean} (step {r.target_steps:,.0f}{of}{vs})")
     missed = [r for r in rows if not is_number(r.target_s)]
     for r in missed:
         runs = "in any run" if r.n > 1 else f"in its {r.target_evals} evaluation(s)"
@@ -309,26 +323,28 @@ def _target_findings(group: list[Row], base: str, where: str, target: str) -> li
 
 def _capacity_findings(compared: list[Row], base: str, budget: str) -> list[str]:
     """How much larger a batch each mode fits than the baseline in the memory budget."""
-    rows = [r for r in compared if r.precision != base and is_number(r.max_batch_ratio)]
+    rows = measured((r for r in compared if r.precision != base), "max_batch_ratio")
     if not rows or not budget:
         return []
-    best = max(rows, key=lambda r: r.max_batch_ratio)
-    base_batch = best.max_batch / best.max_batch_ratio
-    others = ", ".join(f"{r.precision} {r.max_batch_ratio:.2f}x" for r in rows if r is not best)
+    best, ratio = max(rows, key=lambda m: m[1])
+    batch = best.max_batch
+    assert batch is not None  # what its ratio was measured from
+    base_batch = batch / ratio
+    others = ", ".join(f"{r.precision} {x:.2f}x" for r, x in rows if r is not best)
     how = (
         " (predicted from the activation bytes per sample and the memory that does not grow "
         "with the batch: parameters, gradients, optimizer state, autocast's weight copies)"
     )
-    if best.max_batch_ratio <= 1.0:
+    if ratio <= 1.0:
         return [
             f"No mode fits a larger batch than {base} {budget}: the most is {best.precision} "
-            f"with {best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
+            f"with {batch:,.0f} vs {base_batch:,.0f} samples per step "
             f"({ratio_of(best, 'max_batch_ratio')}){how}."
         ]
     rest = f"; {others}" if others else ""
     return [
-        f"{best.precision} fits {best.max_batch_ratio:.2f}x the batch of {base} {budget}: "
-        f"{best.max_batch:,.0f} vs {base_batch:,.0f} samples per step "
+        f"{best.precision} fits {ratio:.2f}x the batch of {base} {budget}: "
+        f"{batch:,.0f} vs {base_batch:,.0f} samples per step "
         f"({ratio_of(best, 'max_batch_ratio')}{rest}){how}."
     ]
 

@@ -4,16 +4,27 @@ over repeats with its interval (``Estimate``); and the words and numbers every p
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from ampsweep.config.score import Score, from_tags
 from ampsweep.precision import modes
 from ampsweep.tracking.store import PRECISION
 
+if TYPE_CHECKING:  # (a type only: no import at run time)
+    from typing_extensions import TypeIs
 
-def is_number(x) -> bool:
+
+def is_number(x: object) -> TypeIs[float]:
+    """Whether ``x`` is a finite number (a value read or computed, not None, inf or nan)."""
     return isinstance(x, int | float) and math.isfinite(x)
+
+
+def measured(rows: Iterable[Row], name: str) -> list[tuple[Row, float]]:
+    """Each row whose field ``name`` holds a finite number, with that number."""
+    return [(r, v) for r in rows if is_number(v := getattr(r, name))]
 
 
 def parse_number(text: str | None) -> float | None:
@@ -49,10 +60,12 @@ class Estimate:
     @property
     def half_width(self) -> float | None:
         """Half the interval's width (``mean +/- half_width`` for a symmetric interval)."""
-        return (self.high - self.low) / 2 if self.has_interval else None
+        if self.low is None or self.high is None:
+            return None
+        return (self.high - self.low) / 2
 
     def contains(self, value: float) -> bool:
-        return self.has_interval and self.low <= value <= self.high
+        return self.low is not None and self.high is not None and self.low <= value <= self.high
 
 
 def percent(x: float) -> str:
@@ -74,7 +87,7 @@ def ratio_range(value: float, est: Estimate | None) -> str:
     """A ratio with its 95% interval as a range, ``1.40x (0.90-2.10x)``: an interval taken on
     the log scale is not symmetric about its mean, so a ``±`` would misstate one side. The
     value alone without an interval, or where every run measured the same."""
-    if est is None or not est.has_interval or times(est.low) == times(est.high):
+    if est is None or est.low is None or est.high is None or times(est.low) == times(est.high):
         return times(value)
     return f"{times(value)} ({times(est.low)[:-1]}-{times(est.high)})"
 
@@ -322,6 +335,6 @@ class Report:
                 if is_number(value):
                     out[f"{name}/{key}"] = value
                 est = r.ci.get(name)
-                if est is not None and est.has_interval:
+                if est is not None and est.low is not None and est.high is not None:
                     out[f"{name}_low/{key}"], out[f"{name}_high/{key}"] = est.low, est.high
         return out

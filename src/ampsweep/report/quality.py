@@ -48,12 +48,14 @@ def label(rows: list[Row]) -> str:
 
 def value_of(r: Row) -> str:
     """``0.982``, over repeats ``0.982 +/- 0.004``."""
+    assert r.score is not None and r.quality is not None  # a row whose score was read
     est = r.ci.get("quality")
     return r.score.show(r.quality, est.half_width if est is not None else None)
 
 
 def change_of(r: Row, vs: str = "") -> str:
     """``-0.1 +/- 0.3 points, n=5``: a paired change and its interval (``, a single run``)."""
+    assert r.score is not None and r.quality_change is not None  # a row compared with its base
     est = r.ci.get("quality_change")
     if est is None or not est.has_interval:
         return f"{r.score.show_change(r.quality_change)}{vs}, a single run"
@@ -86,27 +88,33 @@ def findings(group: list[Row], base: str, where: str) -> list[str]:
     out = _learnt(group, base, where)
     if not rows:
         return out
+    # A row with a change against the baseline has its score and its value
     s = rows[0].score
-    first = rows[0]
-    base_value = first.quality - first.quality_change
-    if s.relative:
-        base_value = first.quality / (1 + first.quality_change)
-    verdicts = {r.run_id: s.verdict(r.quality_change) for r in rows}
+    assert s is not None
+    values: dict[str, tuple[float, float]] = {}  # run id -> (value, change)
+    for r in rows:
+        assert r.quality is not None and r.quality_change is not None
+        values[r.run_id] = (r.quality, r.quality_change)
+    quality, change = values[rows[0].run_id]
+    base_value = quality / (1 + change) if s.relative else quality - change
+    verdicts = {r.run_id: s.verdict(values[r.run_id][1]) for r in rows}
     held = [r for r in rows if verdicts[r.run_id] == "held"]
     if held:
-        listing = ", ".join(f"{r.precision} {s.show(r.quality)}" for r in held)
+        listing = ", ".join(f"{r.precision} {s.show(values[r.run_id][0])}" for r in held)
         out.append(
             f"{s.title} held{where} {s.within()} of {base}'s {s.show(base_value)}: {listing}."
         )
     for r in (r for r in rows if verdicts[r.run_id] == "worse"):
+        quality, change = values[r.run_id]
         out.append(
-            f"{s.title} {s.worse_word}{where} for {r.precision}: {s.show(r.quality)} "
-            f"({s.show_change(r.quality_change)} vs {base})."
+            f"{s.title} {s.worse_word}{where} for {r.precision}: {s.show(quality)} "
+            f"({s.show_change(change)} vs {base})."
         )
     for r in (r for r in rows if verdicts[r.run_id] == "better"):
+        quality, change = values[r.run_id]
         out.append(
-            f"{s.title} {s.better_word}{where} for {r.precision}: {s.show(r.quality)} "
-            f"({s.show_change(r.quality_change)} vs {base}; at this run length that is noise, "
+            f"{s.title} {s.better_word}{where} for {r.precision}: {s.show(quality)} "
+            f"({s.show_change(change)} vs {base}; at this run length that is noise, "
             "not a gain)."
         )
     return out
@@ -119,7 +127,9 @@ def _learnt(group: list[Row], base: str, where: str) -> list[str]:
     unigram = next((r.unigram_ppl for r in group if is_number(r.unigram_ppl)), None)
     if not ppls or not unigram:
         return []
-    base_ppl = ppls[0].val_ppl / ppls[0].ppl_ratio
+    val_ppl, ppl_ratio = ppls[0].val_ppl, ppls[0].ppl_ratio
+    assert val_ppl is not None and ppl_ratio is not None  # a ratio of its perplexity
+    base_ppl = val_ppl / ppl_ratio
     verdict = "learnt well below it" if base_ppl < LEARNT * unigram else "is not far below it"
     return [
         f"{base} reached validation perplexity {base_ppl:.3f}{where}; predicting each token "
@@ -135,6 +145,7 @@ def interval_findings(group: list[Row], base: str, where: str) -> list[str]:
     if not others:
         return []
     s = others[0].score
+    assert s is not None  # a row with a change against the baseline has its score
     parts = [_interval(r, base) for r in others]
     base_row = next((r for r in group if r.precision == base), None)
     if base_row is not None and is_number(base_row.quality):
@@ -145,7 +156,8 @@ def interval_findings(group: list[Row], base: str, where: str) -> list[str]:
 
 def _interval(r: Row, base: str) -> str:
     s, est = r.score, r.ci.get("quality_change")
-    if stats.wide(est, s.tolerance, ratio=False):
+    assert s is not None  # a row with a change against the baseline has its score
+    if est is not None and stats.wide(est, s.tolerance, ratio=False):
         why = stats.too_wide(est, s.tolerance, False, s.plus_minus())
         return f"{r.precision}'s {s.label} against {base}'s is {change_of(r)}, but {why}"
     words = COMPARE_WORDS[stats.compare(est, 0.0)]
@@ -161,6 +173,7 @@ def verdict(r: Row) -> str:
     est = r.ci.get("quality_change")
     if est is None or not est.has_interval:
         return "lost" if s.verdict(r.quality_change) == "worse" else "held"
+    assert est.low is not None and est.high is not None  # has_interval
     ends = {s.verdict(est.low), s.verdict(est.high)}
     return "held" if "worse" not in ends else "lost" if ends == {"worse"} else "open"
 
@@ -172,6 +185,7 @@ def words(r: Row, base: Row) -> str:
     if s is None or not is_number(r.quality_change) or not is_number(r.quality):
         return f"no {s.label if s else ACCURACY.label} measured"
     if s.relative:
+        assert base.quality is not None  # the change is against the baseline's value
         return (
             f"{s.label} {s.show(r.quality)} vs {s.show(base.quality)} ({1 + r.quality_change:.2f}x)"
         )
@@ -223,7 +237,7 @@ def apply(
     for where in dict.fromkeys(r.configuration for r in summary):
         group = [s for s in summary if s.configuration == where and s.status == "FINISHED"]
         members = {m for s in group for m in (s.members or [s.run_id])}
-        score = next((s for rid in members if (s := score_of(by_id[rid]))), None)
+        score = next((found for rid in members if (found := score_of(by_id[rid]))), None)
         base = next((s for s in group if s.precision == baseline_mode), None)
         value = target
         if value is None and score is not None and base is not None and is_number(base.quality):

@@ -120,7 +120,7 @@ def _gpu(others, held, unsure, base, where, sweep_command, ruled_out) -> Recomme
         f"no mode was faster than {baseline_mode} with its quality held{where}.{ruled_out}{also}",
         _single(sweep_command, baseline_mode),
         evidence={r.precision: _evidence_line(r, base) for r in others},
-        runner_up=saving.precision if also else None,
+        runner_up=saving.precision if saving is not None and also else None,
     )
 
 
@@ -158,6 +158,7 @@ def _speed_verdict(r: Row) -> str | None:
     """``stats.compare`` on the speed-up's interval; a single run: higher when above 1."""
     est = r.ci.get("speedup")
     if est is None or not est.has_interval:
+        assert r.speedup is not None  # a timed row
         return "higher" if r.speedup > 1 else "lower"
     return stats.compare(est, 1.0)
 
@@ -172,8 +173,12 @@ def _open(r: Row) -> bool:
         est = r.ci.get(name)
         verdict = stats.compare(est, null)
         needed = stats.repeats_needed(est, target, ratio)
-        if verdict == "too wide" or (verdict == "indistinguishable" and needed > est.n):
+        if verdict == "too wide":
             return True
+        # an indistinguishable verdict has an interval, and the number of runs it needs
+        if verdict == "indistinguishable" and est is not None and needed is not None:
+            if needed > est.n:
+                return True
     return False
 
 
@@ -215,7 +220,9 @@ def _evidence_line(r: Row, base: Row) -> str:
 def _use(best: Row, runner: Row | None, base: Row, where: str, command: str, ruled_out: str):
     evidence = {best.precision: _evidence_line(best, base)}
     second = ""
+    assert best.speedup is not None  # the modes compared are timed
     if runner is not None:
+        assert runner.speedup is not None
         evidence[runner.precision] = _evidence_line(runner, base)
         second = f" Runner-up: {runner.precision}, {how_much(runner.speedup)}."
     scaler = _scaler(best)

@@ -236,9 +236,9 @@ def opening(report: Report) -> list[str]:
 
 def to_markdown(report: Report) -> str:
     lines = [f"# {title(report)}", ""]
-    opened = opening(report)
-    if opened:
-        lines += [f"**{opened[0]}**", "", f"`{report.recommendation.command}`", ""]
+    opened, rec = opening(report), report.recommendation
+    if opened and rec is not None:
+        lines += [f"**{opened[0]}**", "", f"`{rec.command}`", ""]
     if report.sweep.get("command"):
         lines += [f"Command: `{report.sweep['command']}`", ""]
     lines += _markdown_table(*table_cells(report))
@@ -258,9 +258,9 @@ def to_note(report: Report, charts: list[str], limit: int) -> str:
     run, are in report.md."""
     run_id = report.sweep.get("run_id", "")
     lines = [f"### {title(report)}", ""]
-    opened = opening(report)
-    if opened:
-        lines += [f"**{opened[0]}**", "", f"`{report.recommendation.command}`", ""]
+    opened, rec = opening(report), report.recommendation
+    if opened and rec is not None:
+        lines += [f"**{opened[0]}**", "", f"`{rec.command}`", ""]
     lines += _markdown_table(*table_cells(report)) + [""]
     links = [
         f"![{Path(c).stem}](get-artifact?path={quote(c, safe='')}&run_uuid={run_id})"

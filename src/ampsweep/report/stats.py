@@ -27,6 +27,7 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ampsweep.config.score import Score
 from ampsweep.report.model import Estimate, Report, Row, RunData, is_number
@@ -92,7 +93,7 @@ def ratio_interval(ratios: Sequence[float], level: float = LEVEL) -> Estimate | 
     est = mean_interval(logs, level)
     if est is None:
         return None
-    if not est.has_interval:
+    if est.low is None or est.high is None:
         return Estimate(math.exp(est.mean), None, None, est.n)
     return Estimate(math.exp(est.mean), math.exp(est.low), math.exp(est.high), est.n)
 
@@ -115,12 +116,12 @@ def repeats_needed(
     for a ``ratio`` the half-width is on the log scale, so ``target`` 0.10 means within a
     factor 1.10 either way. None without an interval; ``MAX_REPEATS + 1`` when even
     ``MAX_REPEATS`` would not do."""
-    if est is None or not est.has_interval:
+    if est is None or est.low is None or est.high is None:
         return None
     if ratio:
         half, target = (math.log(est.high) - math.log(est.low)) / 2, math.log(1 + target)
     else:
-        half = est.half_width
+        half = (est.high - est.low) / 2  # the half_width
     sd = half * math.sqrt(est.n) / t_quantile(level, est.n - 1)
     for n in range(2, MAX_REPEATS + 1):
         if t_quantile(level, n - 1) * sd / math.sqrt(n) <= target:
@@ -134,7 +135,7 @@ def compare(est: Estimate | None, null: float) -> str | None:
     runs), "indistinguishable" when it contains ``null`` over ``MIN_REPEATS`` runs or more,
     "too wide" when it contains ``null`` over fewer (too few runs to call it a tie); None
     without an interval."""
-    if est is None or not est.has_interval:
+    if est is None or est.low is None or est.high is None:
         return None
     if est.high < null:
         return "lower"
@@ -148,6 +149,7 @@ def too_wide(est: Estimate, target: float, ratio: bool, unit: str) -> str:
     make it one: ``n`` runs observed a spread; at that spread the interval would narrow to
     ``target`` after the number ``repeats_needed`` finds."""
     needed = repeats_needed(est, target, ratio)
+    assert needed is not None  # an interval that contains "no difference" has its ends
     runs = "2 runs" if est.n == 2 else f"{est.n} runs"
     more = (
         f"more than {MAX_REPEATS} runs per mode"
@@ -163,6 +165,8 @@ def too_wide(est: Estimate, target: float, ratio: bool, unit: str) -> str:
 def wide(est: Estimate | None, target: float, ratio: bool) -> bool:
     """An interval that says nothing yet: it contains "no difference" and either rests on
     fewer than ``MIN_REPEATS`` runs or is wider than ``target``."""
+    if est is None:
+        return False  # no interval: nothing to judge
     verdict = compare(est, 1.0 if ratio else 0.0)
     if verdict == "too wide":
         return True
@@ -300,11 +304,11 @@ def summarise(rows: list[Row], runs: list[RunData]) -> list[Row]:
     summary = {key: _summary(group, varies) for key, group in groups.items()}
     name_of = {member: s.name for s in summary.values() for member in s.members}
     out = []
-    for key in order:
-        if isinstance(key, str):
-            out.append(by_run[key])
+    for entry in order:
+        if isinstance(entry, str):  # an unfinished run's id
+            out.append(by_run[entry])
             continue
-        row = summary[key]
+        row = summary[entry]
         if row.baseline_run_id:  # named after the baseline's summary, not one of its runs
             row.baseline = name_of.get(row.baseline_run_id, row.baseline)
         out.append(row)
@@ -316,7 +320,7 @@ def _summary(group: list[Row], varies: dict[str, str]) -> Row:
     if len(group) == 1:
         return replace(first, members=[first.run_id], varies=varies.get(first.run_id, ""))
     ci: dict[str, Estimate] = {}
-    values: dict[str, float | None] = {}
+    values: dict[str, Any] = {}  # Row field -> its mean (or None), for replace() by name
     bounds = {**BOUNDS, **score_bounds(first.score)}
     for name in MEANS + DIFFERENCES:
         vals = [v for r in group if is_number(v := getattr(r, name))]
@@ -417,8 +421,8 @@ class ModeBest:
 def best_by_mode(report: Report) -> list[ModeBest]:
     """Each mode's best finished trial, where some mode ran more than one configuration
     (repeats of one configuration, which differ only in their seed, are not a search)."""
-    loss = {r.run_id: r.metrics.get(OBJECTIVE) for r in report.runs}
-    finished = [r for r in report.rows if r.status == "FINISHED" and loss.get(r.run_id) is not None]
+    loss = {r.run_id: v for r in report.runs if (v := r.metrics.get(OBJECTIVE)) is not None}
+    finished = [r for r in report.rows if r.status == "FINISHED" and r.run_id in loss]
     by_mode: dict[str, list[Row]] = {}
     for row in finished:
         by_mode.setdefault(row.precision, []).append(row)

@@ -12,6 +12,7 @@ baseline's.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ampsweep.measure import capacity, contention
 from ampsweep.measure.names import (
@@ -77,7 +78,7 @@ def find_sweep(client, sweep: str = "latest", experiment: str | None = None):
         ids = [exp.experiment_id]
     else:
         ids = [e.experiment_id for e in client.search_experiments()]
-    passed_over = []
+    passed_over: list = []  # MLflow runs
     for parent in store.sweeps(client, ids, limit=100):
         if store.skipped_jobs(parent) or store.children(client, parent):
             return parent, passed_over
@@ -92,7 +93,7 @@ def find_sweep(client, sweep: str = "latest", experiment: str | None = None):
 def load_sweep(client, parent) -> tuple[dict[str, str], list[RunData]]:
     """The sweep's runs: its children, and the earlier FINISHED runs that stood in for the
     jobs a relaunch skipped (so the report of a relaunch is the whole sweep's)."""
-    runs = [(r, None) for r in store.children(client, parent)]
+    runs: list[tuple[Any, str | None]] = [(r, None) for r in store.children(client, parent)]
     for job, run_id in store.skipped_jobs(parent).items():
         run = store.find_run(client, run_id)
         if run is not None:
