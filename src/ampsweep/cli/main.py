@@ -17,6 +17,7 @@ from ampsweep.precision.modes import BASELINE, MODES
 from ampsweep.report import render, sweeps
 from ampsweep.report.sweeps import ReportError
 from ampsweep.tracking import store
+from ampsweep.tracking import sweep as tracked_sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +134,13 @@ def cmd_report(args) -> int:
     text = render.render(rep, args.fmt, console.console, wide=args.wide)
     if text is not None:
         sys.stdout.write(text)
+    if store.REPORT_MISSING in parent.data.tags:  # a signal stopped it as the sweep ended
+        sweeps.publish(client, rep)
+        tracked_sweep.report_written(client, parent)
+        console.note(
+            f"the sweep's report was missing: now logged to its parent run "
+            f"{parent.info.run_id} ({parent.info.run_name})"
+        )
     return 0
 
 

@@ -15,6 +15,7 @@ import argparse
 import copy
 import json
 import os
+import shlex
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from ampsweep.launch.hydra_app import (
 )
 from ampsweep.runner import estimate, plan
 from ampsweep.runner.context import EXIT_KILLED, CommandContext, PlannedJob
+from ampsweep.tracking import store
 
 TRAIN_HELP = """\
 usage: ampsweep train [-m] [GROUP=OPTION | KEY=VALUE ...] [Hydra flags]
@@ -73,6 +75,13 @@ def cmd_train(args: list[str], command: CommandContext | None = None) -> int:
         print(TRAIN_HELP)
         return 0
     command = command or CommandContext(extra_tags=_tags_from_launcher())
+    try:
+        return _train(args, command)
+    except KeyboardInterrupt:  # composing or planning: no job had begun
+        return interrupted(command, args)
+
+
+def _train(args: list[str], command: CommandContext) -> int:
     args, trusted = trust.take_trust_flags(args)  # ours, not Hydra's
     parsed = hydra_args(args)
     rank = distributed.from_env()
@@ -156,9 +165,10 @@ def _run_single(
         code = run_hydra(parsed, command, composed=single)
         return _exit_code(command, code)
     except KeyboardInterrupt as err:
-        who = f"rank {rank.rank}: " if rank.enabled else ""  # the launcher may have stopped it
-        console.error(f"{who}interrupted" + (f" ({err})" if rank.enabled else ""))
-        return EXIT_KILLED
+        if rank.enabled:  # the launcher may have stopped it: the launching command says next
+            console.error(f"rank {rank.rank}: interrupted ({err})")
+            return EXIT_KILLED
+        return interrupted(command, args)
 
 
 def _check_data(cfg: Config) -> int:
@@ -296,20 +306,60 @@ def run_sweep(parsed: argparse.Namespace, command: CommandContext, typed: list[s
 
     checks = plan.SweepChecks(True, launch_checks, on_first, on_more, command.planned)
     command.check_batch = checks
-    interrupted, hydra_code, result = False, 0, None
+    stopped, hydra_code, result = False, 0, None
     try:
         hydra_code = run_hydra(parsed, command)
     except KeyboardInterrupt:
-        interrupted = True
+        stopped = True
     finally:
         if command.sweep is not None:
-            result = sweep.finish(command.sweep, interrupted)
-    if interrupted:
-        console.error("interrupted")
-        return EXIT_KILLED
+            result = sweep.finish(command.sweep, stopped)
+    if stopped or (result and result.report_missing):
+        return interrupted(command, typed, result)
     if command.sweep is None and checks.batches == 0:
         return hydra_code  # refused before any job was checked: nothing was recorded
     return _sweep_exit(result, command, hydra_code)
+
+
+def interrupted(command: CommandContext, args: list[str], result=None) -> int:
+    """Say in one line how a signal left the command, and what to type next: the report to
+    write, the sweep to relaunch, the checkpoint to resume, or that nothing was trained."""
+    typed = shlex.join(["ampsweep", "train", *args])
+    if result is not None and result.report_missing:
+        run_id = command.sweep.parent_run_id
+        console.error(
+            f"interrupted while the sweep's report was written: its parent run {run_id} ended "
+            f"KILLED without it; write it with: ampsweep report --sweep {run_id}"
+        )
+        return EXIT_KILLED
+    killed = [o for o in command.outcomes if o.status == store.KILLED]
+    stopped = killed[-1] if killed else None
+    if stopped is None or not stopped.training_began:
+        run = f"run {stopped.run_id} ended KILLED" if stopped and stopped.run_id else "no run"
+        console.error(
+            f"interrupted before training started: nothing was trained ({run}, nothing is "
+            f"left RUNNING); start again with: {typed}"
+        )
+        return EXIT_KILLED
+    if stopped.checkpoint:
+        where = f"{stopped.name} stopped with checkpoint {stopped.checkpoint}"
+    else:
+        where = (
+            f"{stopped.name} stopped before writing a checkpoint (the signal cut its first "
+            "step short, or a second signal stopped it at once)"
+        )
+    if command.sweep is not None or "-m" in args or "--multirun" in args:
+        console.error(
+            f"interrupted: {where}; relaunch the sweep to finish it (finished jobs are "
+            f"skipped, an interrupted one resumes): {typed}"
+        )
+    elif stopped.checkpoint:
+        kept = [a for a in args if not a.startswith(("trainer.resume=", "+trainer.resume="))]
+        again = shlex.join(["ampsweep", "train", *kept, "trainer.resume=auto"])
+        console.error(f"interrupted: {where}; resume it with: {again}")
+    else:
+        console.error(f"interrupted: {where}; start again with: {typed}")
+    return EXIT_KILLED
 
 
 def _sweep_exit(result, command: CommandContext, hydra_code: int) -> int:

@@ -68,11 +68,18 @@ def grow(info: SweepInfo | None, configs: list[Config]) -> None:
 def finish(info: SweepInfo, interrupted: bool) -> SweepResult:
     """End the parent from its children's statuses, after printing the sweep report and
     logging it to the parent (an interrupted sweep's too: what finished is worth reading).
-    Whatever the report does, the parent is never left RUNNING."""
+    A signal while the report is written stops it: the parent ends KILLED with a tag that
+    says the report is missing and how to write it (``result.report_missing``). Whatever the
+    report does, the parent is never left RUNNING."""
     result = sweeps.conclude(info, interrupted)
     try:
         if result.runs or result.skipped:
             publish_report(info)
+    except KeyboardInterrupt:
+        result.report_missing = (
+            "a signal stopped the sweep's report before it was logged: "
+            f"`ampsweep report --sweep {info.parent_run_id}` writes it"
+        )
     finally:
         sweeps.end(info, result)
     return result

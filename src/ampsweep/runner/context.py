@@ -60,6 +60,9 @@ class JobOutcome:
     # What training logged, as (step, value) per metric, and the config as it ran (plain data)
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    # A KILLED job: whether training had begun, and the checkpoint it can resume from
+    training_began: bool = False
+    checkpoint: str | None = None
 
     def __float__(self) -> float:
         """The objective a searching sweeper (hydra/sweeper=optuna, direction minimize)
@@ -130,4 +133,5 @@ class JobState:
     recorder: Any = field(default_factory=NullRecorder)  # open: the run's recorder
     lease: Any = field(default_factory=NoLease)  # the run's checkpoint folder, while it trains
     setup: Any = None  # build: what the run's end records of its numerics
+    checkpoints: Any = None  # train: rank 0's Checkpointer (its last file), once fit begins
     store_failed: str | None = None  # why training stopped for the store

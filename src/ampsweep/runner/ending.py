@@ -53,6 +53,9 @@ class RunEnd:
         with job.stop.deferred():  # one more signal must not leave the run RUNNING
             job.recorder.end(store.KILLED, error=why)
         outcome = JobOutcome(job.name, store.KILLED, job.recorder.run_id, error=why, exit_code=code)
+        outcome.training_began = job.checkpoints is not None  # what the console says next
+        last = getattr(job.checkpoints, "last", None)
+        outcome.checkpoint = str(last) if last else None
         return self.say_unsent(outcome)
 
     def requeue(self, outcome: JobOutcome) -> JobOutcome:

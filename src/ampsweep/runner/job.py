@@ -252,6 +252,7 @@ class Job:
         state = checkpoint.restore(setup, ckpt) if ckpt else None
         folder = folder_for(cfg, recorder.run_id)
         checkpoints: Any = loop.NoCheckpoints()  # a Checkpointer on rank 0; sharded: every rank
+        main_checkpoints = None
         if sharded.wanted(cfg):  # every rank writes its shards: one folder for all
             folder = sharded.agreed_folder(folder)
         weights = sharded.in_file if sharded.wanted(cfg) else None
@@ -261,6 +262,7 @@ class Job:
                 folder, cfg, recorder.run_id, recorder.flush, mask=mask_text, weights=weights
             )
             recorder.set_tags({store.CHECKPOINT_DIR: str(folder)})
+            main_checkpoints = checkpoints
         if sharded.wanted(cfg):
             main = checkpoints if job.rank.is_main else None
             checkpoints = sharded.ShardedCheckpoints(folder, cfg.trainer.checkpoint_every, main)
@@ -284,6 +286,7 @@ class Job:
         )
         hooks = [*hooks, self.share, self._estimate(setup)]
         stop = sharded.GroupStop(job.stop) if sharded.is_sharded(setup.model) else job.stop
+        job.checkpoints = main_checkpoints or loop.NoCheckpoints()  # training begins
         with job.stop.deferred():  # a signal during training stops at a step boundary
             return loop.fit(setup, self._log, progress, state, checkpoints, stop, hooks)
 

@@ -98,6 +98,10 @@ SWEEP_DIR, COMMAND = "sweep_dir", "command"
 JOBS_EXPECTED = "jobs_expected"
 LAUNCHER_HOST, LAUNCHER_PID = "launcher_host", "launcher_pid"  # who launched it
 SKIPPED_PREFIX = "skipped."  # skipped.<job num> = the FINISHED run standing in for a job
+# Why a sweep's report is not on its parent (a signal while it was written): the parent ends
+# KILLED with it; `ampsweep report` writes the report, removes the tag and ends the parent as
+# its jobs decide.
+REPORT_MISSING = "report_missing"
 
 
 def resolve_uri(uri: str | None) -> str:

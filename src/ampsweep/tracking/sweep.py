@@ -171,6 +171,7 @@ class SweepResult:
     runs: list  # the child runs (mlflow Run objects), oldest first
     missing: int = 0  # jobs expected but never recorded (e.g. a worker process died)
     skipped: int = 0  # jobs a relaunch skipped: an identical config had FINISHED before
+    report_missing: str | None = None  # why the report is not on the parent (a signal)
 
     @property
     def failed(self) -> list:
@@ -215,4 +216,23 @@ def conclude(info: SweepInfo, interrupted: bool) -> SweepResult:
 
 
 def end(info: SweepInfo, result: SweepResult) -> None:
-    store.client_for(info.uri).set_terminated(info.parent_run_id, status=result.status)
+    """End the parent: KILLED with the reason when its report is missing, else as decided."""
+    client = store.client_for(info.uri)
+    status = result.status
+    if result.report_missing:
+        client.set_tag(info.parent_run_id, store.REPORT_MISSING, result.report_missing)
+        status = store.KILLED
+    client.set_terminated(info.parent_run_id, status=status)
+
+
+def report_written(client, parent) -> bool:
+    """The report of a sweep whose report was missing is now on its parent: the tag goes and
+    the parent ends as its jobs decided (their counts are its tags). False: none was missing."""
+    tags = parent.data.tags
+    if store.REPORT_MISSING not in tags:
+        return False
+    client.delete_tag(parent.info.run_id, store.REPORT_MISSING)
+    unfinished = ("jobs_failed", "jobs_killed", "jobs_missing")
+    failed = any(tags.get(k, "0") != "0" for k in unfinished)
+    client.set_terminated(parent.info.run_id, status=store.FAILED if failed else store.FINISHED)
+    return True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from conftest import all_runs
 
 from ampsweep.launch import sweep
@@ -41,9 +40,11 @@ def test_a_report_that_fails_leaves_a_failed_sweep_failed(store_uri, main, monke
     assert parent.info.status == store.FAILED
 
 
-def test_the_parent_is_ended_even_when_reporting_raises_through(store_uri, monkeypatch):
-    """Whatever escapes the report (here Ctrl-C while it is drawn), the parent is not left
-    RUNNING."""
+def test_ctrl_c_while_reporting_ends_the_parent_killed_with_the_report_missing(
+    store_uri, monkeypatch
+):
+    """Ctrl-C while the report is drawn: the parent is not left RUNNING, nor FINISHED without
+    its report: KILLED, with the tag that says how to write it."""
     from ampsweep.config import compose as config
 
     cfgs = [config.load([f"tracking.uri={store_uri}", "precision=fp32"])]
@@ -59,6 +60,8 @@ def test_the_parent_is_ended_even_when_reporting_raises_through(store_uri, monke
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sweep, "publish_report", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        sweep.finish(info, interrupted=False)
-    assert client.get_run(info.parent_run_id).info.status == store.FINISHED
+    result = sweep.finish(info, interrupted=False)
+    assert result.report_missing and "ampsweep report --sweep" in result.report_missing
+    parent = client.get_run(info.parent_run_id)
+    assert parent.info.status == store.KILLED
+    assert parent.data.tags[store.REPORT_MISSING] == result.report_missing
