@@ -138,7 +138,8 @@ def _on(device: dict[str, str]) -> str:
 
 def _not_learned(base: Row) -> str:
     """Why the baseline has not learned, in words with its numbers; "" when it has."""
-    if is_number(base.val_acc) and base.num_classes:
+    # (a binary task's one logit, num_classes 1, has no chance level of 1/classes)
+    if is_number(base.val_acc) and base.num_classes and base.num_classes >= 2:
         chance = 1 / base.num_classes
         if base.val_acc < CHANCE_FACTOR * chance:
             return (
