@@ -142,7 +142,8 @@ def build_planned(cfg: Config) -> Setup:
     optimizer = optim.build_optimizer(cfg.optimizer, model, device)
     schedule = optim.build_schedule(cfg.optimizer, optimizer, total)
     if t.compile:
-        model = torch.compile(model)
+        # torch's stub types compile() as returning a Callable; a Module gives an OptimizedModule
+        model = torch.compile(model)  # type: ignore[assignment]
     diagnostics, locator, callbacks = _callbacks(cfg, policy, objective, model, fsdp)
     return Setup(
         cfg=cfg,
@@ -237,11 +238,11 @@ def _callbacks(cfg: Config, policy: PrecisionPolicy, objective: Objective, model
     t, d = cfg.trainer, cfg.diagnostics
     loss_weight = t.loss_multiplier / t.grad_accum_steps
     diagnostics = Diagnostics(d, loss_weight, objective)
-    locator = NoLocator()
+    locator: NonfiniteLocator | NoLocator = NoLocator()
     if d.locate_nonfinite:
         locator = NonfiniteLocator(policy, objective, loss_weight)
     # Diagnostics first: it measures the step's gradients before anything reacts to them.
-    callbacks = [diagnostics, locator] if d.every > 0 else [locator]
+    callbacks: list = [diagnostics, locator] if d.every > 0 else [locator]  # as Setup.callbacks
     if fsdp and policy.mode.fp8:  # each fp8 weight's scale for the next all-gather
         callbacks.append(sharded.Float8Scales(model))
     if policy.mode.pure and (d.every or d.numerics):  # the updates its rounding throws away
@@ -281,7 +282,8 @@ def preflight(configs: list[Config]) -> None:
     The model is built on the meta device: no memory, no compute. ``configs``: with their
     components resolved (``components.resolve``, as a command's plan has them).
     Raises ConfigError."""
-    samples_of: dict[str, torch.Tensor] = {}
+    # dataset -> (two samples, the input shape, the number of classes)
+    samples_of: dict[str, tuple[torch.Tensor, tuple[int, ...], int]] = {}
     for cfg in configs:
         mode = modes.get(cfg.precision.name)
         if mode is None or not (mode.fp8 or cfg.precision.keep_fp32):

@@ -66,7 +66,9 @@ END_SUFFIX = "-end.pt"  # the checkpoint written when training reached its end
 
 def rng_state() -> dict:
     """Every generator the loop draws from, as tensors and plain values (weights_only-safe)."""
-    key, mt, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # (the dict form only with legacy=False)
+    key, mt, pos, has_gauss, gauss = legacy
     state = {
         "python": random.getstate(),
         "numpy": {

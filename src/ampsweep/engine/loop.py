@@ -57,7 +57,9 @@ class StepView:
     scaler: torch.amp.GradScaler
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]]  # (inputs, targets) of the step
     losses: list[torch.Tensor]  # each micro-batch's loss (unweighted, detached, on the device)
-    skipped: torch.Tensor  # 1.0 where the scaler found inf/NaN gradients (on the device)
+    # 1.0 where the scaler found inf/NaN gradients (on the device); None until the step's
+    # gradients are unscaled, before a callback sees the view
+    skipped: torch.Tensor | None
     log: LogFn  # record metrics at this step
 
 
@@ -117,7 +119,13 @@ class Totals:
     FOLD = 256  # losses kept at most before they are summed (a run that rarely logs)
 
     def __init__(
-        self, device: torch.device, state: TrainState, timer: StepTimer, model, scaled: bool
+        self,
+        device: torch.device,
+        state: TrainState,
+        timer: StepTimer,
+        watch: NonfiniteWatch,
+        model,
+        scaled: bool,
     ):
         self.scaled = scaled
         self._losses: list[torch.Tensor] = []  # this log window's, detached
@@ -125,7 +133,7 @@ class Totals:
         self.loss_terms = state.loss_terms
         self.skipped = torch.full((), state.skipped, device=device)
         self.meter = SavedTensorMeter(model, state.activation_bytes)
-        self.watch: NonfiniteWatch | None = None  # set by fit
+        self.watch = watch  # stops the run when its loss stays non-finite
         self.timer = timer
         self.started = time.perf_counter() - state.wall_s
 
@@ -224,7 +232,7 @@ def fit(
     state = state or TrainState()
     totals = _totals(s, state)
     before_update, after_step = _hooked([*s.callbacks, *callbacks])
-    evaluation = (float("nan"), float("nan"))  # (val/loss, the task's score)
+    evaluation: tuple[float, ...] = (float("nan"), float("nan"))  # (val/loss, the task's score)
     model.train()
     while not _finished(state, t):
         progress.start_epoch(state.epoch, t.epochs, s.steps_per_epoch)
@@ -286,15 +294,14 @@ def _totals(s: Setup, state: TrainState) -> Totals:
     that stops it when its loss stays non-finite."""
     t = s.cfg.trainer
     timer = StepTimer(s.device, t.timing_warmup_steps)
-    totals = Totals(s.device, state, timer, s.model, scaled=s.scaler.is_enabled())
-    totals.watch = NonfiniteWatch(
+    watch = NonfiniteWatch(
         t.max_nonfinite_steps,
         s.cfg.precision.scaler.min_scale,
         s.scaler,
         state.nonfinite_run,
         explain=s.locator.advice,
     )
-    return totals
+    return Totals(s.device, state, timer, watch, s.model, scaled=s.scaler.is_enabled())
 
 
 def _log_and_save(s: Setup, state: TrainState, totals: Totals, log, progress, checkpoints) -> None:
@@ -313,10 +320,11 @@ def _log_and_save(s: Setup, state: TrainState, totals: Totals, log, progress, ch
 def _hooked(callbacks: list[Callback]) -> tuple[list[Callback], list[Callback]]:
     """The callbacks that do something at ``before_update``, and those at ``after_step``: an
     inherited no-op of ``Callback`` is left out (a call a step, for nothing)."""
-    return tuple(
-        [c for c in callbacks if getattr(type(c), hook, None) is not getattr(Callback, hook)]
-        for hook in ("before_update", "after_step")
-    )
+
+    def overriding(hook: str) -> list[Callback]:
+        return [c for c in callbacks if getattr(type(c), hook, None) is not getattr(Callback, hook)]
+
+    return overriding("before_update"), overriding("after_step")
 
 
 def _batches_left(s: Setup, state: TrainState):
@@ -381,6 +389,7 @@ def _measured(s: Setup, median_ms: float | None) -> dict[str, float]:
     module, held = distributed.unwrap(s.model), None
     if sharded.is_sharded(s.model):
         held = sharded.held_memory(s.model, s.optimizer, s.cfg)
+        assert s.skeleton is not None  # a sharded model's setup keeps its skeleton
         module = sharded.full_module(s.model, s.skeleton, distributed.current().is_main)
         if module is None:  # ranks other than 0 record nothing
             return {}
@@ -396,7 +405,7 @@ def _measured(s: Setup, median_ms: float | None) -> dict[str, float]:
 
 
 def summarise(
-    s: Setup, state: TrainState, totals: Totals, evaluation: tuple[float, float]
+    s: Setup, state: TrainState, totals: Totals, evaluation: tuple[float, ...]
 ) -> dict[str, float]:
     """The run's final numbers: accuracy, speed, memory, loss scaling, FLOPs/MFU."""
     t = s.cfg.trainer

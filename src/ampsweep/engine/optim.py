@@ -68,7 +68,7 @@ def adamw(
     weight_decay: float,
     device: torch.device,
     *,
-    betas: list[float] = (0.9, 0.999),  # noqa: B006 - a tuple default, typed as the list it reads
+    betas: list[float] = [0.9, 0.999],  # noqa: B006 - read, never changed
     eps: float = 1e-8,
     fused: bool | None = None,
 ) -> torch.optim.Optimizer:
@@ -76,7 +76,12 @@ def adamw(
     the whole update; GradScaler knows it and passes the inf flags instead of syncing."""
     fused = fused if fused is not None else device.type == "cuda"
     return torch.optim.AdamW(
-        params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused or None
+        params,
+        lr=lr,
+        betas=(betas[0], betas[1]),  # two: _check_adamw
+        eps=eps,
+        weight_decay=weight_decay,
+        fused=fused or None,
     )
 
 

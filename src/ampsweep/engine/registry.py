@@ -164,7 +164,9 @@ def _typed(section: str, key: str, value: Any, hint: Any, default: Any) -> tuple
         elif default is not inspect.Parameter.empty:
             example = f", e.g. {section}.{key}={default}"
         return None, f"{section}.{key}={value}: expected {want}{example}"
-    return OmegaConf.to_container(node, resolve=True)[key], None
+    converted = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(converted, dict)  # a structured config's container
+    return converted[key], None
 
 
 class Registry(dict[str, Builder]):

@@ -135,12 +135,15 @@ def resolved_precision(pc: PrecisionConfig, mode: PrecisionMode) -> PrecisionCon
 
 def mixed_precision(pc: PrecisionConfig):
     """FSDP's policy from the resolved precision section (``resolved_precision``)."""
+    param_dtype, reduce_dtype = _dtypes(pc)
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
+
+def _dtypes(pc: PrecisionConfig) -> tuple[torch.dtype, torch.dtype]:
+    """FSDP's parameter and reduction dtypes of a resolved precision section."""
     f = pc.fsdp
-    return MixedPrecisionPolicy(
-        param_dtype=TORCH_DTYPES[f.param_dtype.name],
-        reduce_dtype=TORCH_DTYPES[f.reduce_dtype.name],
-    )
+    assert f.param_dtype is not None and f.reduce_dtype is not None  # resolved_precision's
+    return TORCH_DTYPES[f.param_dtype.name], TORCH_DTYPES[f.reduce_dtype.name]
 
 
 def shard(model: nn.Module, cfg: Config) -> nn.Module:
@@ -212,7 +215,7 @@ def held_memory(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]:
     parameters, gradients and optimizer state), and ``gathered_<dtype>``: the unsharded
     parameters it holds at once while a step runs (``gathered_bytes``)."""
     held = model_memory(model, optimizer)
-    dtype = TORCH_DTYPES[cfg.precision.fsdp.param_dtype.name]
+    dtype, _ = _dtypes(cfg.precision)
     held[f"gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
     return held
 
@@ -223,7 +226,7 @@ def predicted_held(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]
     up to padding), and the parameters it gathers at once (``gathered_bytes``)."""
     ranks = cfg.trainer.nproc
     held = {key: nbytes / ranks for key, nbytes in model_memory(model, optimizer).items()}
-    dtype = TORCH_DTYPES[cfg.precision.fsdp.param_dtype.name]
+    dtype, _ = _dtypes(cfg.precision)
     held[f"gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
     return held
 

@@ -155,7 +155,7 @@ class Batches:
         return x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
 
     def _finish(self, x: torch.Tensor, g: torch.Generator | None, epoch: int, i: int):
-        if g is None:
+        if g is None or self.augment is None:  # (a generator is made only to augment)
             return x
         # Seeded per batch from (seed, epoch, batch index), not once per epoch: a run resumed
         # at batch ``start`` then augments each batch exactly as the uninterrupted run did.

@@ -209,7 +209,11 @@ def _pretrained_problem(arch: str) -> str | None:
         return f"pretrained=true: timm has no pretrained weights for {arch}: use pretrained=false"
     if _cached(pc):
         return None
-    host = "huggingface.co" if pc.hf_hub_id else pc.url.split("/")[2]
+    if pc.hf_hub_id:
+        host = "huggingface.co"
+    else:
+        assert isinstance(pc.url, str)  # the weights' address, where timm has no hub id
+        host = pc.url.split("/")[2]
     if not _reachable(host):
         return (
             f"pretrained=true: the weights of {arch} are not in the local cache and {host} "
