@@ -2,7 +2,7 @@
 
 ``ampsweep train`` composes a single run's job here first, so a bad override fails before
 anything runs or touches the MLflow store (a sweep's jobs are composed by Hydra's sweeper:
-``app.sweeper``). A composed
+``launch.sweeper``). A composed
 ``Schema`` becomes a ``Config`` in ``to_config``: the fixed sections are typed by Hydra already
 (and a key added to them with ``+``, which nothing would read, is refused); each open component
 section (model, dataset, optimizer, task, loss) is split into the keys its kind shares, typed
@@ -221,7 +221,7 @@ def to_config(cfg) -> Config:
             cfg = OmegaConf.merge(OmegaConf.structured(Schema), cfg)
         _refuse_unknown_keys(cfg)
         sections = {f.name: cfg[f.name] for f in fields(Config)}  # Schema's sweep: the command's
-        typed = {
+        typed: dict[str, Any] = {
             name: _component(name, node) if name in COMPONENTS else OmegaConf.to_object(node)
             for name, node in sections.items()
         }
@@ -249,12 +249,11 @@ def _refuse_unknown_keys(cfg) -> None:
             if key not in known:
                 close = [f"{prefix}{c}" for c in difflib.get_close_matches(str(key), known, n=1)]
                 if not prefix:  # at the top: perhaps a section's key without its section
-                    inner = {
-                        g.name: f"{f.name}.{g.name}"
-                        for f in fields(Schema)
-                        if is_dataclass(f.default_factory) and f.name not in COMPONENTS
-                        for g in fields(f.default_factory)
-                    }
+                    inner: dict[str, str] = {}  # a typed section's key -> section.key
+                    for f in fields(Schema):
+                        sub = f.default_factory
+                        if isinstance(sub, type) and is_dataclass(sub) and f.name not in COMPONENTS:
+                            inner.update({g.name: f"{f.name}.{g.name}" for g in fields(sub)})
                     close = [inner[c] for c in difflib.get_close_matches(str(key), inner, n=1)]
                 hint = f"did you mean {close[0]}?; " if close else ""
                 where = f"in {prefix.rstrip('.')}" if prefix else "at the top"
@@ -275,9 +274,13 @@ def _component(section: str, node) -> Any:
     ``_partial_``) kept apart, the rest as ``args``."""
     cls = COMPONENTS[section]
     raw = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{section}={raw}: not a section of settings: pick one with {section}=<option>"
+        )
     own = {f.name for f in fields(cls)}
     meta = {}
-    for key in [k for k in raw if k.startswith("_") and k.endswith("_")]:
+    for key in [k for k in raw if isinstance(k, str) and k.startswith("_") and k.endswith("_")]:
         field_name = TARGET_KEYS.get(key)
         if field_name not in own:
             takes = [k for k, f in TARGET_KEYS.items() if f in own]
@@ -307,7 +310,7 @@ def _component(section: str, node) -> Any:
     shared = own - {"args", *TARGET_KEYS.values()}
     typed = OmegaConf.structured(cls)
     typed = OmegaConf.merge(typed, {k: v for k, v in raw.items() if k in shared})
-    obj = OmegaConf.to_object(typed)
+    obj: Any = OmegaConf.to_object(typed)  # an instance of cls
     obj.args = {k: v for k, v in raw.items() if k not in shared}
     for field_name, value in meta.items():
         setattr(obj, field_name, value)
@@ -344,12 +347,13 @@ def as_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain nested data, as a user writes it: Enums by name, and each
     component's ``args`` beside its shared keys (``model.width``, not ``model.args.width``),
     with its ``_target_`` (and ``_partial_``) when it names a callable."""
-    out = {}
+    out: dict[str, Any] = {}
     for f in fields(Config):
         value = getattr(cfg, f.name)
         if f.name in COMPONENTS:
             shared = {k.name: getattr(value, k.name) for k in fields(value) if k.name not in META}
             plain = OmegaConf.to_container(OmegaConf.create(_names(shared)))
+            assert isinstance(plain, dict)  # made from a dict
             special = {
                 key: getattr(value, name)
                 for key, name in TARGET_KEYS.items()

@@ -33,7 +33,10 @@ MIN_SPAN_TICKS = 20
 def contended(used: float | None, others: float | None, cores: float | None) -> bool:
     """Whether a run's timing was contended, from the three numbers it logged (False where
     they were not measured)."""
-    if not all(isinstance(x, int | float) for x in (used, others, cores)) or not cores:
+    number = int | float
+    if not (isinstance(used, number) and isinstance(others, number) and isinstance(cores, number)):
+        return False
+    if not cores:
         return False
     return others >= OTHERS_SHARE * cores and used + others >= FULL * cores
 

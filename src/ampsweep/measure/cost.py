@@ -70,7 +70,7 @@ class StepTimer:
         self.seen += 1
         if self._start is None:
             return
-        if self.cuda:
+        if isinstance(self._start, torch.cuda.Event):  # on CUDA
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._events.append((self._start, end))

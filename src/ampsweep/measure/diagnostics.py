@@ -46,6 +46,7 @@ import io
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -139,7 +140,7 @@ class Diagnostics:
         """One row per parameter: its counters summed over every measurement, as fractions."""
         if self.totals is None:
             return []
-        rows = []
+        rows: list[dict[str, Any]] = []  # a layer's name, its size and its fractions
         for name, counts in zip(self.names, self.totals, strict=True):
             row = {"layer": name, "numel": int(counts[0]) // max(1, self.measurements)}
             row.update({k.split("/", 1)[1]: v for k, v in _fractions(counts, self.scaled).items()})
