@@ -39,7 +39,14 @@ from typing import Any
 from rich.markup import escape
 
 from ampsweep import console
-from ampsweep.cli.prescription import Prescription, Trial, precision_of, typed, verdict
+from ampsweep.cli.prescription import (
+    Prescription,
+    Trial,
+    fp32_advice,
+    precision_of,
+    typed,
+    verdict,
+)
 from ampsweep.config.schema import ConfigError
 from ampsweep.precision import modes
 from ampsweep.tracking import store
@@ -149,10 +156,12 @@ class Doctor:
         base = self.trial("fp32", ["precision=fp32"])
         say(f"  fp32: {base.result(None)}")
         if not base.finite:
+            if base.origin is not None:  # where fp32's own failure began, and its kind
+                say(f"    {base.origin.sentence()}")
             raise_or = "--verify needs it" if verify else "nothing to compare with"
             console.error(
                 f"fp32 itself does not train on this config ({base.result(None)}): {raise_or}: "
-                "fix the config first (lower optimizer.lr, trainer.grad_clip=1.0, ...)"
+                f"fix the config first ({fp32_advice(base.origin)})"
             )
             return 1
         trials = {m: self.trial(m, self._precision(m)) for m in runnable}
@@ -164,6 +173,11 @@ class Doctor:
         rx = [p for m, t in trials.items() if (p := self.prescribe(m, t, base, found))]
         self._say_safe(trials, base, found)
         if not rx:
+            failed = [m for m, t in trials.items() if not t.held(base)]
+            if failed:  # each said why above: not something a precision setting fixes
+                say(f"{', '.join(failed)} failed, and no precision setting fixes it: nothing "
+                    "to prescribe.")  # fmt: skip
+                return 1
             say(f"No mode failed or lost {base.metric.label}: nothing to prescribe.")
             return 0
         say("prescriptions:", bold="")
@@ -275,6 +289,9 @@ class Doctor:
         if t.held(base):
             return None
         origin = t.origin
+        if origin is not None and origin.cause in ("divergence", "computation"):
+            console.note(f"{mode}: not the format, no precision setting fixes it: {origin.fix()}")
+            return None
         if origin is not None and origin.fix().startswith("precision.keep_fp32"):
             return self._keep_fp32(mode, t, base)
         if m.dtype == "fp16" and found.grad_underflow() > 0.001:

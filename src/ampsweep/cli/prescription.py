@@ -16,6 +16,15 @@ if TYPE_CHECKING:  # named only: the doctor's trials import torch where they run
     from ampsweep.measure.replay import Origin
 
 SKIP_RATE = 0.05  # a scaler skipping more than this share of steps is not just settling
+# The steps a dynamic scaler skips while it backs off from its initial scale to one the
+# gradients fit (GradScaler's 65536 halves to 256 in 8): ordinary, whatever the run's length
+BACKOFF_STEPS = 8
+
+
+def ordinary_backoff(skipped: float, steps: float) -> bool:
+    """Whether ``skipped`` of ``steps`` is what a scaler skips as it settles: the backoff
+    from its initial scale, then the rare probe of a higher one."""
+    return skipped <= BACKOFF_STEPS + SKIP_RATE * steps
 
 
 @dataclass
@@ -41,8 +50,8 @@ class Trial:
         report's tolerance of the baseline's."""
         settling = (
             self.steps
-            and self.skipped / self.steps <= SKIP_RATE
-            and self.nonfinite <= (self.skipped)
+            and ordinary_backoff(self.skipped, self.steps)
+            and self.nonfinite <= self.skipped
         )
         if self.status != "finished" or (self.nonfinite and not settling):
             return False
@@ -113,8 +122,8 @@ def verdict(run, failing, base, judge: Score | None = None) -> tuple[bool, str]:
     ok_score = isinstance(score, float) and math.isfinite(score) and isinstance(ref, float)
     if ok_score:
         ok_score = judge.held(score, ref)
-    steps = max(1.0, float(s.get("train/steps", 1)))
-    finite = nonfinite == 0 or s.get("amp/skipped_steps", 0) / steps <= SKIP_RATE
+    skipped, steps = float(s.get("amp/skipped_steps", 0)), float(s.get("train/steps", 1))
+    finite = nonfinite == 0 or (nonfinite <= skipped and ordinary_backoff(skipped, steps))
     speed = ""
     rate, ref_rate = s.get("perf/samples_per_s"), b.get("perf/samples_per_s")
     if rate and ref_rate:
@@ -126,3 +135,13 @@ def verdict(run, failing, base, judge: Score | None = None) -> tuple[bool, str]:
         return True, f"fixed: finite, {shown} ({judge.within()}){speed}"
     problem = f"{nonfinite} non-finite step(s)" if not finite else f"{shown}: not within fp32's"
     return False, f"NOT fixed: {problem}{speed}"
+
+
+def fp32_advice(origin: Origin | None) -> str:
+    """What to change when fp32 itself does not train, from where its failure began: the
+    located origin's own fix (a divergence's learning rate, a broken module's code), else the
+    usual first steps."""
+    if origin is not None and origin.fix():
+        kind = {"divergence": "a divergence", "computation": "a broken computation"}
+        return f"{kind.get(origin.cause, 'where it began')}: {origin.fix()}"
+    return "lower optimizer.lr, trainer.grad_clip=1.0, ..."

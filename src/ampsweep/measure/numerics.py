@@ -138,7 +138,7 @@ class NonfiniteLocator:
             (s0, v0), (s1, _) = finite[0], finite[-1]
             top = max(abs(v) for _, v in finite)
             if top > GROWTH * max(abs(v0), 1e-12):
-                words.append(f"the loss grew from {v0:.2g} to {top:.2g} over {s1 - s0} steps")
+                words.append(f"the loss grew from {v0:.2g} to {top:.2g} over {s1 - s0} step(s)")
         return " and ".join(words)
 
     def after_step(self, state) -> None: ...
@@ -324,7 +324,8 @@ class NonfiniteWatch:
         self.scaled = scaler.is_enabled()
         self.run = self.longest = start  # consecutive non-finite steps, and the most seen
         self._window: list[tuple] = []  # the steps not yet settled (since the last check)
-        self.recent: deque[bool] = deque(maxlen=SKIP_WINDOW)  # the scaler's last skips
+        # the last steps: whether each was lost (a non-finite loss, or skipped by the scaler)
+        self.recent: deque[bool] = deque(maxlen=SKIP_WINDOW)
         self.scale: float | None = None  # the dynamic scale at the last settled step
 
     def observe(self, loss: torch.Tensor, skipped: torch.Tensor, scaler) -> None:
@@ -346,12 +347,13 @@ class NonfiniteWatch:
         finite = torch.isfinite(torch.stack(losses))
         if not self.scaled and bool(finite.all()):  # the usual window: one read, no list
             self.run = 0
+            self.recent.extend([False] * len(losses))
             return
         bad = (~finite).tolist()
         if self.scaled:
             skipped = torch.stack([x.float() for x in skips]).cpu().gt(0).tolist()
-            self.recent.extend(skipped)
             bad = [b or s for b, s in zip(bad, skipped, strict=True)]
+        self.recent.extend(bad)
         if self.lowering:
             values = torch.stack(list(scales)).float().cpu()
             self.scale = float(values[-1])
@@ -367,8 +369,9 @@ class NonfiniteWatch:
         return self.run
 
     def check(self, step: int) -> None:
-        """Raise Diverged once the limit was reached, or once the scaler skipped most of the
-        last ``SKIP_WINDOW`` steps: a run that does not train (call at log steps)."""
+        """Raise Diverged once the limit was reached, or once most of the last
+        ``SKIP_WINDOW`` steps were lost (skipped by the scaler, or a non-finite loss): a run
+        that does not train, whatever its loss did in between (call at log steps)."""
         self._settle()
         if not self.limit:
             return
@@ -377,9 +380,10 @@ class NonfiniteWatch:
             why = f"loss non-finite for {self.limit} consecutive steps{below}"
         elif len(self.recent) == SKIP_WINDOW and sum(self.recent) > SKIP_WINDOW / 2:
             scale = f", the loss scale down to {self.scale:.2g}" if self.scale is not None else ""
+            lost = "were skipped by the scaler" if self.scaled else "had a non-finite loss"
             why = (
-                f"the scaler skipped {sum(self.recent)} of the last {SKIP_WINDOW} steps for "
-                f"inf/NaN gradients{scale}: the model is not training"
+                f"{sum(self.recent)} of the last {SKIP_WINDOW} steps {lost}{scale}: the model "
+                "is not training"
             )
         else:
             return

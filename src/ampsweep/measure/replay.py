@@ -331,14 +331,15 @@ def _claim(owner: dict, name: str, outs, ins) -> None:
     innermost first, so each node goes to the innermost module that ran it; autocast's own
     casts, inline ``F.*`` calls and custom ``autograd.Function``s included."""
     stop = {t.grad_fn for t in ins if t.grad_fn is not None}
-    todo = [t.grad_fn for t in outs if t.grad_fn is not None]
+    todo, seen = [t.grad_fn for t in outs if t.grad_fn is not None], set()
     while todo:
         node = todo.pop()
-        if node is None or node in owner or node in stop or not hasattr(node, "next_functions"):
+        if node is None or node in seen or node in stop or not hasattr(node, "next_functions"):
             continue
+        seen.add(node)
         if type(node).__name__ == "AccumulateGrad":
             continue
-        owner[node] = name
+        owner.setdefault(node, name)  # through the children's nodes, to the inline ones
         todo.extend(n for n, _ in node.next_functions)
 
 

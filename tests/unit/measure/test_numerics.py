@@ -183,3 +183,56 @@ def test_gradscaler_still_keeps_its_scale_as_a_tensor_on_the_device():
     scaler.scale(torch.ones(()))
     assert isinstance(scaler._scale, torch.Tensor)  # noqa: SLF001
     assert scaler._scale.item() == scaler.get_scale() == 8.0  # noqa: SLF001
+
+
+# ------------------------------------------- a parameterless failure and a divergence, each mode
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16", "fp16_noscale"])
+def test_a_parameterless_half_backward_failure_is_named_and_the_run_fails(mode, store_uri, on_path):
+    args = example("model=fused_net", f"precision={mode}", f"tracking.uri={store_uri}")
+    if mode == "fp32":  # its fp32 backward is sound: nothing to locate
+        assert api.train(args).summary["numerics/nonfinite_steps"] == 0
+        return
+    with pytest.raises(api.TrainError, match="the model is not training") as err:
+        api.train(args)  # never "finished" at chance accuracy
+    assert "gradient act (FusedAct) (its _HalfBackwardFails) passed back" in str(err.value)
+    assert "fix: precision.keep_fp32=[act]" in str(err.value)
+    (run,) = all_runs(store_uri)
+    tags = run.data.tags
+    assert run.info.status == "FAILED"
+    assert (tags["numerics.nonfinite_module"], tags["numerics.nonfinite_cause"]) == (
+        "act", "precision")  # fmt: skip
+    kept = example("model=fused_net", f"precision={mode}", "precision.keep_fp32=[act]",
+                   "tracking=none")  # fmt: skip
+    assert api.train(kept).summary["numerics/nonfinite_steps"] == 0
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16"])
+def test_a_learning_rate_divergence_is_called_one_with_no_precision_fix(mode, store_uri):
+    quick = [o for o in QUICK if not o.startswith("model.")]  # the default width diverges
+    args = [*quick, "model=mlp", "optimizer=sgd", "optimizer.lr=50", f"precision={mode}",
+            "trainer.max_steps=30", "trainer.log_every=5", "trainer.max_nonfinite_steps=5",
+            f"tracking.uri={store_uri}"]  # fmt: skip
+    with pytest.raises(api.TrainError) as err:
+        api.train(args)
+    text = str(err.value)
+    assert "a divergence, not the format" in text and "grew from" in text
+    assert "fix: lower optimizer.lr" in text and "keep_fp32" not in text
+    (run,) = all_runs(store_uri)
+    assert run.data.tags["numerics.nonfinite_cause"] == "divergence"
+
+
+def test_most_steps_lost_stops_a_run_between_finite_ones():
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    watch = NonfiniteWatch(20, 1.0, scaler)
+    loss, skip, ok = torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0.0)
+    for i in range(16):  # every third step clean: never 20 in a row
+        watch.observe(loss, ok if i % 3 == 0 else skip, scaler)
+    with pytest.raises(Diverged, match=r"10 of the last 16 steps were skipped by the scaler"):
+        watch.check(16)
+    settling = NonfiniteWatch(20, 1.0, scaler)
+    for i in range(16):  # a scaler backing off over its first steps, then clean: ordinary
+        settling.observe(loss, skip if i < 5 else ok, scaler)
+    settling.check(16)

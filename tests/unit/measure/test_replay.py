@@ -88,3 +88,98 @@ def test_a_module_that_takes_no_hooks_is_named():
     scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 3)))
     with pytest.raises(HookError, match=r"takes no forward hook .*pass the eager model"):
         locate(nn.Sequential(scripted))
+
+
+# ------------------------------------------- the right culprit in every mode (and its op)
+
+MODES = [("fp32", 1.0), ("bf16", 1.0), ("fp16", 1.0), ("fp16", 65536.0)]  # 65536: a scaler's
+
+
+class _InfBackward(torch.autograd.Function):
+    """Identity forward; an inf gradient back to its input (a broken custom or fused op)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.full_like(g, float("inf"))
+
+
+class BrokenOp(nn.Module):
+    """No parameters: its backward alone makes the bad value."""
+
+    def forward(self, x):
+        return _InfBackward.apply(x)
+
+
+class Block(nn.Module):
+    """A container whose own forward runs the broken op inline, between its children."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.out(_InfBackward.apply(self.inner(x)))
+
+
+class Scores(nn.Module):
+    """Attention-like scores inline in ``forward``: ``q @ k.T * scale``, then a softmax."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.q, self.k, self.scale = nn.Linear(8, 8), nn.Linear(8, 8), scale
+
+    def forward(self, x):
+        return torch.softmax((self.q(x) @ self.k(x).T * self.scale).float(), -1).to(x.dtype) @ x
+
+
+@pytest.mark.parametrize("mode,scale", MODES)
+def test_a_parameterless_module_whose_backward_fails_is_named_under_autocast_too(mode, scale):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), BrokenOp(), nn.ReLU(), nn.Linear(8, 3))
+    origin = locate(model, mode, scale)
+    assert (origin.kind, origin.module, origin.module_type) == ("input_grad", "1", "BrokenOp")
+    assert origin.op == "_InfBackward" and "1 (BrokenOp) (its _InfBackward)" in origin.sentence()
+    assert origin.fix() == "precision.keep_fp32=[1]"  # the locator adds fp32_too, kept
+
+
+@pytest.mark.parametrize("mode,scale", MODES)
+def test_an_op_inline_in_a_containers_forward_names_the_container_and_the_op(mode, scale):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Block(), nn.Linear(8, 3))
+    origin = locate(model, mode, scale)
+    assert (origin.kind, origin.module, origin.op) == ("input_grad", "1", "_InfBackward")
+
+
+@pytest.mark.parametrize("mode,scale", MODES)
+def test_an_overflow_inside_a_forward_names_the_op_and_its_value(mode, scale):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Scores(1e6), nn.Linear(8, 3))
+    origin = locate(model, mode, scale)
+    if mode != "fp16":
+        assert origin is None  # fp32's range holds it
+        return
+    assert (origin.kind, origin.module, origin.op, origin.dtype) == ("forward", "1", "mul", "fp16")
+    assert origin.value > 65504 and "(its mul), with finite inputs: it reaches" in origin.sentence()
+
+
+def test_an_origin_prescribes_keep_fp32_only_where_it_changes_something():
+    from ampsweep.measure.replay import Origin
+
+    origin = Origin(3, "input_grad", "act", "FusedAct", dtype="bf16", consumers=["act"], op="relu")
+    assert origin.fix() == "precision.keep_fp32=[act]" and origin.cause == ""
+    origin.fp32_too = False
+    assert origin.cause == "precision"
+    origin.keepable = False  # an fp32 run, or act already kept: nothing to prescribe
+    assert origin.fix() == ""
+    origin.fp32_too = True
+    assert origin.cause == "computation"
+    assert origin.fix() == "fix the backward of act (its relu) (no precision setting changes it)"
+    assert "it fails in fp32 too, at the same weights: not the format" in origin.sentence()
+    origin.growth = "the weights grew from 1e+01 to 1e+17 over 10 step(s)"
+    assert origin.cause == "divergence" and origin.tags()["numerics.nonfinite_cause"] == "divergence"
+    assert origin.sentence().endswith("over 10 step(s): a divergence, not the format")
+    assert origin.fix().startswith("lower optimizer.lr") and "keep_fp32" not in origin.fix()
