@@ -17,6 +17,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -82,9 +83,9 @@ class EpochProgress:
     spent and left. (The job's and the sweep's time left are printed once, after the first
     timed steps: ``runner.estimate``.)"""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None  # the epoch's bar, with _progress
         self._offset = 0
 
     def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
@@ -103,7 +104,7 @@ class EpochProgress:
         self._offset = epoch * steps
 
     def update(self, step: int, metrics: dict, step_ms: float | None) -> None:
-        if not self._progress:
+        if not self._progress or self._task is None:
             return
         info = f"loss {metrics['train/loss']:.4f}"
         if step_ms is not None:

@@ -24,8 +24,10 @@ state is restored, the optimizer step is taken on a fresh optimizer over the cop
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,8 +158,7 @@ class Probe:
         """The module, or the op inside a module's forward (``attn (its matmul)``), with the
         least headroom in ``fmt``, and that headroom (log2). A module's own output wins a tie
         with the op that made it."""
-        rooms = [(m.name, m.output.headroom(fmt)) for m in self.modules]
-        rooms = [(n, h) for n, h in rooms if h is not None]
+        rooms = [(m.name, h) for m in self.modules if (h := m.output.headroom(fmt)) is not None]
         least = min(rooms, key=lambda x: x[1]) if rooms else None
         for name, ops in self.ops.items():
             for op, top in ops.items():
@@ -320,7 +321,7 @@ def probe(
     handles = []
     try:
         for n, m in measured:
-            handles.append(hook_forward(m, lambda *a, n=n: forward_hook(*a, name=n), n))
+            handles.append(hook_forward(m, functools.partial(forward_hook, name=n), n))
         with watch:
             grads = _passes(module, params, buffers, batches, objective, loss_weight, ranges, owner)
     finally:
@@ -385,7 +386,9 @@ def update_lost_shares(
             }
             for g in optimizer.param_groups
         ]
-        shadow_opt = type(optimizer)(groups)
+        # the optimizer's own class: its parameters, then its settings (in each group)
+        make: Callable[..., torch.optim.Optimizer] = type(optimizer)
+        shadow_opt = make(groups)
         shadow_opt.load_state_dict(optimizer.state_dict())  # state cast to fp32 copies
     except Exception:  # an optimizer that cannot be rebuilt this way: not measured
         return {}

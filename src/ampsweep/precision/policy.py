@@ -225,7 +225,8 @@ def set_tf32(enabled: bool) -> None:
     value = "tf32" if enabled else "ieee"
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         torch.backends.cuda.matmul.fp32_precision = value
-        torch.backends.cudnn.conv.fp32_precision = value
+        # torch's stubs lack cudnn.conv (a module attribute set at import in PyTorch 2.9+)
+        torch.backends.cudnn.conv.fp32_precision = value  # type: ignore[attr-defined]
     else:  # older PyTorch
         torch.backends.cuda.matmul.allow_tf32 = enabled
         torch.backends.cudnn.allow_tf32 = enabled
@@ -236,7 +237,7 @@ def tf32_enabled() -> tuple[bool, bool]:
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         return (
             torch.backends.cuda.matmul.fp32_precision == "tf32",
-            torch.backends.cudnn.conv.fp32_precision == "tf32",
+            torch.backends.cudnn.conv.fp32_precision == "tf32",  # type: ignore[attr-defined]
         )
     return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
 

@@ -23,6 +23,8 @@ from ampsweep.tracking.store import FINISHED
 
 # Accuracy below this many times chance (1 / classes) is a baseline that has not learned.
 CHANCE_FACTOR = 1.5
+# How many times as long a baseline that has not learned is suggested to train.
+LONGER = 4
 # Overrides of the sweep that a single run of the chosen mode leaves out.
 SWEEP_ONLY = ("precision", "sweep.repeats", "trainer.seed", "hydra.")
 
@@ -32,9 +34,12 @@ def recommend(
     device: dict[str, str],
     baseline_mode: str = BASELINE,
     sweep_command: str = "",
+    trained: dict[str, str] | None = None,
 ) -> Recommendation:
     """The recommendation for the first configuration of ``rows`` (a report's summary: one row
-    per configuration and mode) that has a baseline to compare with."""
+    per configuration and mode) that has a baseline to compare with. ``trained``: the
+    baseline's ``trainer.epochs`` and ``trainer.max_steps`` params (how long it trained), which
+    a suggestion to train longer multiplies."""
     group = _first_group(rows)
     base = next((r for r in group if r.precision == baseline_mode), None)
     if base is None:
@@ -51,9 +56,9 @@ def recommend(
     if unlearned:
         return Recommendation(
             None,
-            f"{unlearned}, so no mode can be judged against it{where}. Train longer (more "
-            "epochs, or a higher learning rate) and sweep again.",
-            _sweep(sweep_command, {"trainer.epochs": "<more>"}),
+            f"{unlearned}, so no mode can be judged against it{where}. Train longer "
+            f"({LONGER} times the epochs and steps, or a higher learning rate) and sweep again.",
+            _sweep(sweep_command, _longer(trained or {})),
             evidence={"baseline": unlearned},
             open_question="whether the baseline learns at all at this run length",
         )
@@ -260,6 +265,18 @@ def _cpu(held, unsure, base, command, device, ruled_out) -> Recommendation:
         evidence={r.precision: _evidence_line(r, base) for r in held},
         open_question="which mode is fastest on the GPU this model will train on",
     )
+
+
+def _longer(trained: dict[str, str]) -> dict[str, str]:
+    """Overrides that train ``LONGER`` times as long: each length limit the baseline ran with
+    (its epochs, and its max steps when it had one), multiplied; a limit the sweep's command
+    set is replaced, so none caps the longer run at the old length."""
+    changes = {}
+    for key in ("trainer.epochs", "trainer.max_steps"):
+        value = trained.get(key, "")
+        if value.isdigit() and int(value) > 0:
+            changes[key] = str(int(value) * LONGER)
+    return changes or {"trainer.epochs": "<more>"}
 
 
 def _tokens(command: str) -> list[str]:

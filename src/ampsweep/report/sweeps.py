@@ -355,7 +355,9 @@ def make_report(
     device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
     words = budget_words(runs, budget)
     found = findings(summary, device, baseline_mode, words, targets)
-    advice = recommend(summary, device, baseline_mode, sweep.get("command", ""))
+    base = next((r for r in runs if r.tags.get(store.PRECISION) == baseline_mode), runs[0])
+    trained = {k: base.params.get(k, "") for k in ("trainer.epochs", "trainer.max_steps")}
+    advice = recommend(summary, device, baseline_mode, sweep.get("command", ""), trained)
     return Report(sweep, device, baseline_mode, rows, found, runs, summary, words, advice, targets)
 
 

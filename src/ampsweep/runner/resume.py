@@ -73,6 +73,8 @@ class Resumer:
         implied = choice is None and job.sweep is not None and cfg.tracking.skip_finished
         if implied:
             choice = "auto"
+        if not choice:  # no trainer.resume, and none implied: a new run
+            return None
         run_id = None
         if choice and choice != "auto" and not resume_from.is_path(choice):
             run_id = choice  # an MLflow run id: its checkpoint folder is one of its tags
@@ -89,6 +91,7 @@ class Resumer:
             return None
         job.lease = picked.lease
         ckpt = picked.ckpt
+        assert picked.path is not None  # a loaded checkpoint's
         # A refused checkpoint is refused before "resuming" is said.
         resume_from.check(ckpt, cfg, picked.path, choice, run_id, mask=mask_text)
         if run_id is not None:

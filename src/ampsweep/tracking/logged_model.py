@@ -27,7 +27,7 @@ import importlib.metadata
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import cloudpickle
@@ -213,7 +213,7 @@ def distributions_of(package: str) -> list[str]:
 
 
 @functools.cache
-def _package_map() -> dict[str, list[str]]:
+def _package_map() -> Mapping[str, list[str]]:
     # Built from every file of every installed distribution: read once per process, not for
     # each package a sweep's jobs ask about.
     return importlib.metadata.packages_distributions()

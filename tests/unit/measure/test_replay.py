@@ -180,6 +180,6 @@ def test_an_origin_prescribes_keep_fp32_only_where_it_changes_something():
     assert origin.fix() == "fix the backward of act (its relu) (no precision setting changes it)"
     assert "it fails in fp32 too, at the same weights: not the format" in origin.sentence()
     origin.growth = "the weights grew from 1e+01 to 1e+17 over 10 step(s)"
-    assert origin.cause == "divergence" and origin.tags()["numerics.nonfinite_cause"] == "divergence"
+    assert origin.cause == origin.tags()["numerics.nonfinite_cause"] == "divergence"
     assert origin.sentence().endswith("over 10 step(s): a divergence, not the format")
     assert origin.fix().startswith("lower optimizer.lr") and "keep_fp32" not in origin.fix()

@@ -136,7 +136,7 @@ def load_target(cfg: DatasetConfig, builder: Builder, task: str) -> Splits:
     if stated is None:
         stated = 1 + max(int(_labels(s).max()) for s in splits)
     elif preload:
-        top = max(int(y.max()) for _, y in splits)
+        top = max(int(_labels(s).max()) for s in splits)
         if top >= stated:
             raise ConfigError(
                 f"{label}: a label is {top} but the data set says it has {stated} classes (its "
@@ -168,7 +168,7 @@ def _stated_classes(dataset, task: str) -> int | None:
     names = ("vocab_size", "num_classes") if task == "language_modeling" else ("num_classes",)
     for name in names:
         value = getattr(dataset, name, None)
-        if isinstance(value, Integral) and value > 0:
+        if isinstance(value, Integral) and int(value) > 0:
             return int(value)
     classes = getattr(dataset, "classes", None)
     return len(classes) if task != "language_modeling" and classes else None

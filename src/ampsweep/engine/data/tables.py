@@ -27,8 +27,9 @@ def _standardised(x: np.ndarray, train: np.ndarray) -> torch.Tensor:
 
 def _splits(cfg: DatasetConfig, x: np.ndarray, y: torch.Tensor, outputs: int, info) -> Splits:
     tr, va = split_indices(len(y), cfg.val_fraction, cfg.split_seed)
-    x = _standardised(x, tr)
-    return Splits(cfg.name, outputs, tuple(x.shape[1:]), (x[tr], y[tr]), (x[va], y[va]), info=info)
+    inputs = _standardised(x, tr)
+    shape = tuple(inputs.shape[1:])
+    return Splits(cfg.name, outputs, shape, (inputs[tr], y[tr]), (inputs[va], y[va]), info=info)
 
 
 @DATASETS.register(

@@ -115,6 +115,7 @@ class Summed(Evaluation):
         self.sums = batch if self.sums is None else self.sums + batch
 
     def compute(self) -> tuple[float, ...]:
+        assert self.sums is not None  # update() has added the split's batches
         if self.sync:  # the whole split: every rank's shard together
             distributed.all_reduce(self.sums)
         return self.task.finish(self.sums.tolist())  # one sync per evaluation

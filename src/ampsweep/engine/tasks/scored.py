@@ -103,6 +103,7 @@ class MetricEvaluation(Evaluation):
             metric.update(preds, target)
 
     def compute(self) -> tuple[float, ...]:
+        assert self.sums is not None  # update() has added the split's batches
         if self.sync:
             distributed.all_reduce(self.sums)
         loss, n = self.sums.tolist()
