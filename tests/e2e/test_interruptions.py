@@ -5,6 +5,7 @@ KeyboardInterrupt), through the command in this process."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -111,6 +112,11 @@ def test_ctrl_c_in_a_sweep_prints_the_relaunch_that_finishes_it(tmp_path, store_
     assert "fp32-mlp-digits stopped with checkpoint " in line
     command = line.split("relaunch the sweep to finish it (finished jobs are skipped, ")[1]
     command = command.split("): ", 1)[1]
+    report = json.loads(main("report", "--tracking-uri", store_uri, "--format", "json").out)
+    (unrun,) = [f for f in report["findings"] if "did not run" in f]
+    assert unrun.startswith("1 job(s) of this sweep did not run (#1), so they have no row")
+    assert unrun.endswith(f"(jobs that finished are skipped): {command}")
+    assert "did not run (#1)" in " ".join(result.out.split())  # the report the sweep printed
     again = main(*shlex.split(command)[1:])
     assert again.code == 0, again.err
     kids = [r for r in all_runs(store_uri) if store.PARENT in r.data.tags]

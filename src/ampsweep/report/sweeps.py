@@ -113,8 +113,31 @@ def load_sweep(client, parent) -> tuple[dict[str, str], list[RunData]]:
         "experiment_id": parent.info.experiment_id,
         "sweep_dir": t.get(store.SWEEP_DIR, ""),
         "command": t.get(store.COMMAND, ""),
+        "jobs_not_run": _not_run(t.get(store.JOBS_EXPECTED, ""), data),
     }
     return sweep, data
+
+
+def _not_run(expected: str, data: list[RunData]) -> str:
+    """The numbers of the jobs the parent expected that recorded no run (an interrupted
+    sweep's, or a worker's that died), comma-separated; "" when every job ran."""
+    if not expected.isdigit():
+        return ""
+    ran = {d.stands_in_for_job or d.tags.get(store.JOB_NUM, "") for d in data}
+    return ",".join(str(n) for n in range(int(expected)) if str(n) not in ran)
+
+
+def not_run_finding(sweep: dict[str, str]) -> str | None:
+    """What an interrupted sweep's report says of the jobs that never ran, and the relaunch
+    that runs them (a relaunch skips the jobs that finished and resumes a killed one)."""
+    missing = [f"#{n}" for n in sweep.get("jobs_not_run", "").split(",") if n]
+    if not missing:
+        return None
+    command = sweep.get("command") or "the sweep's command"
+    return (
+        f"{len(missing)} job(s) of this sweep did not run ({', '.join(missing)}), so they have "
+        f"no row: relaunch the sweep to run them (jobs that finished are skipped): {command}"
+    )
 
 
 def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
@@ -355,6 +378,9 @@ def make_report(
     device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
     words = budget_words(runs, budget)
     found = findings(summary, device, baseline_mode, words, targets)
+    unrun = not_run_finding(sweep)
+    if unrun:
+        found.insert(0, unrun)
     base = next((r for r in runs if r.tags.get(store.PRECISION) == baseline_mode), runs[0])
     trained = {k: base.params.get(k, "") for k in ("trainer.epochs", "trainer.max_steps")}
     advice = recommend(summary, device, baseline_mode, sweep.get("command", ""), trained)
