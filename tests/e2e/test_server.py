@@ -1,6 +1,6 @@
 """A shared tracking server: a real ``mlflow server`` on loopback (SQLite, and PostgreSQL from
 Debian's postgresql package, required in CI), with artifacts served over HTTP. The commands run
-in this process (``app.cli.main``): the server is the other side of the wire."""
+in this process (``cli.main.main``): the server is the other side of the wire."""
 
 from __future__ import annotations
 

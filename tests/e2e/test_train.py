@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import all_runs, run_cli
-from unit.app.test_train import BAD, BAD_STORE, check_one_line_error, fill
+from unit.cli.test_train import BAD, BAD_STORE, check_one_line_error, fill
 
 from ampsweep.tracking import store
 
