@@ -131,7 +131,7 @@ class NonfiniteLocator:
             if not math.isfinite(now) or now > GROWTH * max(float(first), 1e-12):
                 words.append(
                     f"the weights grew from {float(first):.1g} to {now:.1g} over "
-                    f"{step - first_step} steps"
+                    f"{step - first_step} step(s)"
                 )
         finite = [(s, v) for s, loss in self._losses if math.isfinite(v := float(loss.sum()))]
         if len(finite) >= 2:

@@ -95,12 +95,16 @@ class Origin:
             return f"{said}; {self.growth}: a divergence, not the format"
         if self.fp32_too:
             return f"{said}; it fails in fp32 too, at the same weights: not the format"
+        if self.fp32_too is False and self.kind != "loss":
+            return f"{said}; in fp32 at the same weights the step is finite: the format"
         return said
 
     @property
     def _in(self) -> str:
-        """`` (its matmul)``: the op inside the module, where known."""
-        return f" (its {self.op})" if self.op else ""
+        """`` (its matmul)``: the op inside the module, where known and not the module's own
+        (a Linear's ``linear``)."""
+        plain = self.op.replace("_", "") == self.module_type.lower()
+        return f" (its {self.op})" if self.op and not plain else ""
 
     def _where(self) -> str:
         at = f"step {self.step}"
@@ -370,10 +374,12 @@ def _watch_backward(loss: torch.Tensor) -> list:
 def _forward_origin(calls: list[_Call], loss: torch.Tensor, op: _FirstOp | None) -> Origin | None:
     for call in calls:
         if call.inputs_finite and not call.output_finite:
-            inside = op is not None and (op.module == call.name or _contains(call.name, op.module))
-            name = op.module if inside else call.name
-            dtype = op.dtype if inside else call.output_dtype
-            fmt = FORMAT_OF.get(dtype, str(dtype))
+            inner = op  # the op that overflowed, where it ran inside this call
+            if op is None or not (op.module == call.name or _contains(call.name, op.module)):
+                inner = None
+            name = inner.module if inner is not None else call.name
+            dtype = inner.dtype if inner is not None else call.output_dtype
+            fmt = FORMAT_OF[dtype] if dtype in FORMAT_OF else str(dtype)
             kind = next((type(c.module).__name__ for c in calls if c.name == name), "")
             return Origin(
                 0,
@@ -381,9 +387,9 @@ def _forward_origin(calls: list[_Call], loss: torch.Tensor, op: _FirstOp | None)
                 name,
                 kind,
                 dtype=fmt,
-                value=op.value if inside else call.value,
+                value=inner.value if inner is not None else call.value,
                 limit=FORMATS[fmt].max if fmt in FORMATS else None,
-                op=op.op if inside else "",
+                op=inner.op if inner is not None else "",
             )
     if not bool(torch.isfinite(loss.detach()).all()):
         return Origin(0, "loss", dtype=FORMAT_OF.get(loss.dtype, str(loss.dtype)))

@@ -27,13 +27,23 @@ CASES = {
     # model, mode, what the doctor must say, the prescription
     "forward overflow": (
         ["model=overflow_net"], "fp16",
-        "fp16 output of amplify (Amplify), with finite inputs: its output reaches",
+        "fp16 output of amplify (Amplify) (its mul), with finite inputs: it reaches",
         "precision=fp16 precision.keep_fp32=[amplify]",
     ),
     "broken backward kernel": (
         ["model=flaky_net"], "bf16",
         "weight gradient of fc2 (FlakyLinear) (fc2.weight), with finite input and output",
         "precision=bf16 precision.keep_fp32=[fc2]",
+    ),
+    "parameterless half backward": (
+        ["model=fused_net"], "bf16",
+        "gradient act (FusedAct) (its _HalfBackwardFails) passed back to its input",
+        "precision=bf16 precision.keep_fp32=[act]",
+    ),
+    "overflow inside a forward": (
+        ["model=attention_net"], "fp16",
+        "fp16 output of attn (Attention) (its mul), with finite inputs: it reaches",
+        "precision=fp16 precision.keep_fp32=[attn]",
     ),
     "gradient underflow": (
         ["experiment=underflow_demo", "trainer.epochs=2"], "fp16_noscale",
@@ -104,4 +114,24 @@ def test_verify_where_fp32_cannot_train_says_so_and_runs_no_sweep(project, main,
                "model=overflow_net", "optimizer.lr=1e30", *SHORT)  # fmt: skip
     assert res.code == 1
     assert "fp32 itself does not train on this config" in res.err and "--verify needs it" in res.err
+    out, err = " ".join(res.out.split()), " ".join(res.err.split())
+    assert "a divergence, not the format" in out  # where fp32's failure began, and its kind
+    assert "fix the config first (a divergence: lower optimizer.lr" in err
     assert all_runs(store_uri) == []
+
+
+def test_verification_accepts_a_scalers_ordinary_backoff_and_not_more():
+    from types import SimpleNamespace
+
+    from ampsweep.cli.prescription import verdict
+
+    base = SimpleNamespace(status="FINISHED", summary={"val/acc": 0.80})
+
+    def run(skipped: int, steps: int = 30):
+        summary = {"val/acc": 0.80, "numerics/nonfinite_steps": float(skipped),
+                   "amp/skipped_steps": float(skipped), "train/steps": float(steps)}  # fmt: skip
+        return SimpleNamespace(status="FINISHED", summary=summary, error="")
+
+    assert verdict(run(2), None, base)[0]  # the scaler backing off at the start
+    fixed, words = verdict(run(20), None, base)
+    assert not fixed and words.startswith("NOT fixed: 20 non-finite step(s)")

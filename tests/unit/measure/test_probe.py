@@ -115,3 +115,25 @@ def test_a_pure_run_measures_the_updates_its_own_rounding_loses(store_uri):
     assert [h.step for h in history] == [2, 4, 6]
     assert all(0.0 <= h.value <= 1.0 for h in history)
     assert "numerics.update_lost_layers" in run.data.tags
+
+
+class Scores(nn.Module):
+    """Attention-like scores inline in ``forward`` (``q @ k.T * scale``), then a softmax: the
+    module's output is small, the op inside it is not."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.q, self.k, self.scale = nn.Linear(4, 4), nn.Linear(4, 4), scale
+
+    def forward(self, x):
+        return torch.softmax(self.q(x) @ self.k(x).T * self.scale, -1) @ x
+
+
+def test_the_op_with_the_least_headroom_inside_a_forward_is_named_with_its_module():
+    torch.manual_seed(0)
+    model = nn.Sequential(Scores(1e6), nn.Linear(4, 3))
+    found = probe(model, batches(), default_objective())
+    name, room = found.forward_headroom("fp16")
+    assert name == "0 (its mul)" and room < 0  # not the softmax's output, which is below 1
+    assert found.ops["0"]["mul"] > 65504 and found.fp16_overflow()[0][0] == "0"
+    assert found.as_dict()["ops"]["0"]["matmul"] < found.ops["0"]["mul"]
