@@ -56,9 +56,27 @@ class TrainResult:
     config: dict = field(default_factory=dict)
 
     def curve(self, metric: str) -> tuple[list[int], list[float]]:
-        """The steps and values of one metric, ready to plot: ``plt.plot(*r.curve("val/acc"))``."""
+        """The steps and values of one metric, ready to plot: ``plt.plot(*r.curve("val/acc"))``.
+
+        Raises:
+            ValueError: the run logged no point of ``metric``, with why and what to set (too
+                few steps for ``trainer.log_every``, or a metric it never logs).
+        """
         points = self.history.get(metric, [])
+        if not points:
+            raise ValueError(self._no_points(metric))
         return [s for s, _ in points], [v for _, v in points]
+
+    def _no_points(self, metric: str) -> str:
+        trainer = self.config.get("trainer", {})
+        steps, every = self.summary.get("train/steps"), trainer.get("log_every")
+        if metric.startswith("train/") and steps is not None and every and steps < every:
+            return (
+                f"{metric}: no point logged: the run trained {int(steps)} steps and logs "
+                f"every {every} (trainer.log_every): set trainer.log_every={max(1, int(steps))}"
+            )
+        logged = ", ".join(sorted(self.history)) or "none"
+        return f"{metric}: this run logged no such metric; it logged: {logged}"
 
     @property
     def score(self) -> Score | None:

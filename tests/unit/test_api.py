@@ -88,7 +88,8 @@ def test_sweep_returns_the_parent_and_the_report_rows(store, tmp_path, monkeypat
     rec = result.recommendation
     assert rec.mode is None and "baseline learns" in rec.open_question
     assert "near chance for 10 classes (0.100): the baseline has not learned" in rec.reason
-    assert rec.command.startswith("ampsweep train -m ") and "trainer.epochs=<more>" in rec.command
+    assert rec.command.startswith("ampsweep train -m ")
+    assert rec.command.endswith(" trainer.epochs=4 trainer.max_steps=24")  # 4x as long
 
 
 def ampsweep_opening(result) -> str:

@@ -19,6 +19,7 @@ from ampsweep.precision.modes import BASELINE
 from ampsweep.report import numerics, quality, stats
 from ampsweep.report.model import (
     Row,
+    RunData,
     how_much,
     is_mode,
     is_number,
@@ -414,3 +415,27 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
     ):
         return [f"This GPU (compute capability {cap}) has no native bf16: bf16 modes are emulated."]
     return []
+
+
+def untimed_findings(rows: list[Row], runs: list[RunData]) -> list[str]:
+    """Why a finished run's speed columns are blank: it trained no step past its timing
+    warm-up (``trainer.timing_warmup_steps``), so there was no step to time; and what to set."""
+    warmup = {r.run_id: r.params.get("trainer.timing_warmup_steps", "") for r in runs}
+    blank = [
+        r
+        for r in rows
+        if r.status == FINISHED
+        and r.samples_per_s is None
+        and r.steps is not None
+        and warmup.get(r.run_id, "").isdigit()
+        and r.steps <= int(warmup[r.run_id])
+    ]
+    if not blank:
+        return []
+    steps, skip = int(max(r.steps or 0 for r in blank)), warmup[blank[0].run_id]
+    names = ", ".join(r.name for r in blank)
+    return [
+        f"Samples/s and speed-up are blank for {names}: too few steps to time ({steps} "
+        f"trained, the first {skip} untimed as warm-up): set trainer.max_steps above {skip} "
+        f"(or trainer.timing_warmup_steps below {steps})."
+    ]

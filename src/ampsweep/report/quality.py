@@ -80,12 +80,40 @@ def reached(r: Row, base: str) -> str:
 # ---------------------------------------------------------------- findings
 
 
+# Accuracy below this many times chance (1 / classes) is a baseline that has not learned.
+CHANCE_FACTOR = 1.5
+
+
+def not_learned(base: Row) -> str:
+    """Why the baseline has not learned, in words with its numbers; "" when it has."""
+    # (a binary task's one logit, num_classes 1, has no chance level of 1/classes)
+    if is_number(base.val_acc) and base.num_classes and base.num_classes >= 2:
+        chance = 1 / base.num_classes
+        if base.val_acc < CHANCE_FACTOR * chance:
+            return (
+                f"{base.precision} reached accuracy {base.val_acc:.3f}, near chance for "
+                f"{base.num_classes} classes ({chance:.3f}): the baseline has not learned"
+            )
+    if is_number(base.val_ppl) and is_number(base.unigram_ppl):
+        if base.val_ppl >= LEARNT * base.unigram_ppl:
+            return (
+                f"{base.precision} reached perplexity {base.val_ppl:.3f}, not far below the "
+                f"unigram baseline's {base.unigram_ppl:.3f}: the baseline has not learned"
+            )
+    return ""
+
+
 def findings(group: list[Row], base: str, where: str) -> list[str]:
     """Single runs: each mode's score against the baseline's, held within the tolerance, or
     worse or better beyond it (a gain at a short run's length is noise); a language model's
     baseline against the unigram baseline of the same text."""
     rows = [r for r in group if is_number(r.quality_change) and r.precision != base]
     out = _learnt(group, base, where)
+    baseline = next((r for r in group if r.precision == base), None)
+    unlearned = not_learned(baseline) if baseline is not None else ""
+    if rows and unlearned:  # a score held against chance says nothing
+        modes = ", ".join(r.precision for r in rows)
+        return [*out, f"No verdict on quality{where} for {modes}: {unlearned}."]
     if not rows:
         return out
     # A row with a change against the baseline has its score and its value

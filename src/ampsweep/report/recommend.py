@@ -21,8 +21,6 @@ from ampsweep.report.findings import describe_device
 from ampsweep.report.model import Recommendation, Row, how_much, is_number, ratio_range
 from ampsweep.tracking.store import FINISHED
 
-# Accuracy below this many times chance (1 / classes) is a baseline that has not learned.
-CHANCE_FACTOR = 1.5
 # How many times as long a baseline that has not learned is suggested to train.
 LONGER = 4
 # Overrides of the sweep that a single run of the chosen mode leaves out.
@@ -52,7 +50,7 @@ def recommend(
         )
     others = [r for r in group if r.precision != baseline_mode]
     where = f" for {base.configuration}{_on(device)}"
-    unlearned = _not_learned(base)
+    unlearned = quality.not_learned(base)
     if unlearned:
         return Recommendation(
             None,
@@ -139,25 +137,6 @@ def _first_group(rows: list[Row]) -> list[Row]:
 
 def _on(device: dict[str, str]) -> str:
     return {"cpu": " on this CPU", "cuda": " on this GPU"}.get(device.get("device", ""), "")
-
-
-def _not_learned(base: Row) -> str:
-    """Why the baseline has not learned, in words with its numbers; "" when it has."""
-    # (a binary task's one logit, num_classes 1, has no chance level of 1/classes)
-    if is_number(base.val_acc) and base.num_classes and base.num_classes >= 2:
-        chance = 1 / base.num_classes
-        if base.val_acc < CHANCE_FACTOR * chance:
-            return (
-                f"{base.precision} reached accuracy {base.val_acc:.3f}, near chance for "
-                f"{base.num_classes} classes ({chance:.3f}): the baseline has not learned"
-            )
-    if is_number(base.val_ppl) and is_number(base.unigram_ppl):
-        if base.val_ppl >= quality.LEARNT * base.unigram_ppl:
-            return (
-                f"{base.precision} reached perplexity {base.val_ppl:.3f}, not far below the "
-                f"unigram baseline's {base.unigram_ppl:.3f}: the baseline has not learned"
-            )
-    return ""
 
 
 def _speed_verdict(r: Row) -> str | None:

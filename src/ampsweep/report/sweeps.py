@@ -30,7 +30,7 @@ from ampsweep.measure.names import (
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
 from ampsweep.report import quality
-from ampsweep.report.findings import findings
+from ampsweep.report.findings import findings, untimed_findings
 from ampsweep.report.model import Report, Row, RunData, is_number, parse_number
 from ampsweep.report.recommend import recommend
 from ampsweep.report.render import to_csv, to_json, to_markdown, to_note
@@ -316,10 +316,11 @@ def row_fields(run: RunData) -> dict:
 def _steps(run: RunData) -> float | None:
     """The optimizer steps a run trained: train/steps, else the last step its loss scale was
     logged at (a run logs its final numbers, train/* left out, at its last step; a failed
-    run's last is its last log step)."""
+    run's last is its last log step), else its last evaluation's step (a run without a scaler
+    evaluates at its end)."""
     if is_number(run.metrics.get(TRAIN_STEPS)):
         return run.metrics[TRAIN_STEPS]
-    logged = run.history.get(LOSS_SCALE)
+    logged = run.history.get(LOSS_SCALE) or [p[:2] for t in run.timeline.values() for p in t]
     return float(max(step for step, _ in logged)) if logged else None
 
 
@@ -378,6 +379,7 @@ def make_report(
     device = {k: source[k] for k in store.DEVICE_TAGS if k in source}
     words = budget_words(runs, budget)
     found = findings(summary, device, baseline_mode, words, targets)
+    found += untimed_findings(rows, runs)
     unrun = not_run_finding(sweep)
     if unrun:
         found.insert(0, unrun)
