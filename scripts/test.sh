@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up .venv with the dev extras if needed, then lint, check the import layers, build the docs
-# site strictly and run the whole test suite (slow end-to-end tests included; CUDA tests skip
-# themselves without a GPU) in three worker processes. Extra arguments go to pytest, e.g.
+# Set up .venv with the dev extras if needed, then lint, check the import layers and the types
+# (mypy), build the docs site strictly and run the whole test suite (slow end-to-end tests
+# included; CUDA tests skip themselves without a GPU) in three worker processes. Extra
+# arguments go to pytest, e.g.
 #   scripts/test.sh -m "not slow" -x        scripts/test.sh -n 0 tests/unit/engine/test_loop.py
 # It fails when pytest collects no test at all (exit 5), and when a test wrote into the
 # checkout (every test runs in a temporary folder of its own).
@@ -11,6 +12,7 @@ scripts/setup_venv.sh dev,cluster,fp8,timm,hf  # so the fp8, timm and transforme
 .venv/bin/ruff check src tests scripts examples
 .venv/bin/ruff format --check src tests scripts examples
 .venv/bin/lint-imports  # the package's layers and no import cycles (pyproject.toml)
+.venv/bin/mypy  # types (pyproject's [tool.mypy])
 # The docs site, strictly (a broken link or anchor, a missing page, a docstring mkdocstrings
 # cannot read fails), into a temporary folder: nothing is written into the checkout.
 site="$(mktemp -d)"

@@ -145,7 +145,9 @@ def _began(r: Row) -> str:
 
 
 def _collapsed(r: Row) -> str | None:
-    if not (r.scale_dynamic and is_number(r.scale_min) and r.loss_scale <= r.scale_min):
+    if not (r.scale_dynamic and is_number(r.scale_min) and is_number(r.loss_scale)):
+        return None
+    if r.loss_scale > r.scale_min:
         return None
     skips = f" ({_skips(r)})" if _skips(r) else ""
     return (
@@ -186,6 +188,7 @@ def _stuck(r: Row) -> str | None:
         and r.steps > interval
     ):
         return None
+    assert r.scale_first is not None  # what its growth was measured from
     skips = f" ({_skips(r)})" if _skips(r) else ""
     return (
         f"{_named(r)}: the dynamic loss scale never grew above its first logged value "
@@ -224,8 +227,10 @@ def update_findings(rows: list[Row]) -> list[str]:
         mode = _lost_on_own_steps(r)
         if mode is None:
             continue
+        lost = r.update_lost_frac
+        assert lost is not None  # a number: _lost_on_own_steps
         out.append(
-            f"{_named(r)}: its {mode.dtype} weights rounded away {percent(r.update_lost_frac)} "
+            f"{_named(r)}: its {mode.dtype} weights rounded away {percent(lost)} "
             f"of the non-zero updates of a step it measured ({RUN_UPDATE_LOST}: smaller than "
             "half a unit in the last place of the weight), so those weights did not learn; "
             f"fix: precision={autocast_mode(mode.dtype)} (autocast with fp32 master weights) keeps "

@@ -77,7 +77,7 @@ def probe_findings(rows: list[Row], went_wrong_itself) -> list[str]:
     for r in rows:
         configs.setdefault(r.configuration, []).append(r)
     probed = {where: group for where, group in configs.items() if any(r.probe for r in group)}
-    out = []
+    out: list[str] = []
     for where, group in probed.items():
         r = next(r for r in group if r.probe)
         troubled = {x.precision for x in group if went_wrong_itself(x)}
@@ -115,6 +115,7 @@ def _overflow(r: Row) -> str | None:
         more = len(modules) - LAYERS_SHOWN
         reach += f" and {more} more module(s)" if more > 0 else ""
     else:
+        assert headroom is not None  # no module named: the overflow is the headroom below 0
         reach = f"a module's output reaches {limit * 2.0**-headroom:.3g}"
     room = f" (headroom 2^{headroom:.1f})" if headroom is not None else ""
     return (
