@@ -326,6 +326,7 @@ def interrupted(command: CommandContext, args: list[str], result=None) -> int:
     write, the sweep to relaunch, the checkpoint to resume, or that nothing was trained."""
     typed = shlex.join(["ampsweep", "train", *args])
     if result is not None and result.report_missing:
+        assert command.sweep is not None  # only a sweep writes a report
         run_id = command.sweep.parent_run_id
         console.error(
             f"interrupted while the sweep's report was written: its parent run {run_id} ended "
