@@ -244,6 +244,7 @@ def reproduce(run_id: str, overrides: list[str], trusted_names: tuple[str, ...] 
     console.console.print(
         f"reproducing run {run_id} ({run.info.run_name}) from {store.describe(uri)}"
         + (f", recorded with overrides: {recorded}" if recorded else "")
+        + (f"; applied here: {' '.join(overrides)}" if overrides else "")
     )
     for line in code_differences(tags, trusted):
         console.errors.print(f"[bold yellow]warning:[/] code differs: {line}", soft_wrap=True)
@@ -275,16 +276,43 @@ def compare(uri: str, original: str, new: str) -> list[tuple[str, float | None, 
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))]
 
 
+# What the machine measured of a run (its cost, not its result): expected to vary between
+# two runs of one config, so compared apart from the metrics that decide.
+MACHINE = (store.SYSTEM_PREFIX, "mem/", "perf/")
+
+
+def verdict(rows: list[tuple[str, float | None, float | None]]) -> str:
+    """The comparison's first line: identical, or the deciding metrics that differ and by
+    how much (the machine's measures aside)."""
+    deciding = [r for r in rows if not r[0].startswith(MACHINE)]
+    differ = [(k, x, y) for k, x, y in deciding if x != y]
+    if not differ:
+        return f"identical: all {len(deciding)} metrics that decide are equal"
+    shown = ", ".join(
+        f"{k} {y - x:+.6g}" if x is not None and y is not None else f"{k} (only in one run)"
+        for k, x, y in differ[:5]
+    )
+    more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+    return f"differs in {len(differ)} of {len(deciding)} metrics that decide: {shown}{more}"
+
+
 def print_comparison(uri: str, original: str, new: str) -> None:
     from rich.table import Table
 
-    table = Table(title=f"run {original} vs its reproduction {new}", title_justify="left")
-    for col in ("metric", "original", "reproduced", "difference"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    for key, x, y in compare(uri, original, new):
-        diff = f"{y - x:+.6g}" if x is not None and y is not None else "-"
-        table.add_row(key, _fmt(x), _fmt(y), diff)
-    console.console.print(table)
+    rows = compare(uri, original, new)
+    console.console.print(verdict(rows))
+    for title, part in (
+        (f"run {original} vs its reproduction {new}", False),
+        ("what the machine measured (system/, mem/, perf/: expected to vary)", True),
+    ):
+        table = Table(title=title, title_justify="left")
+        for col in ("metric", "original", "reproduced", "difference"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        for key, x, y in (r for r in rows if r[0].startswith(MACHINE) == part):
+            diff = f"{y - x:+.6g}" if x is not None and y is not None else "-"
+            table.add_row(key, _fmt(x), _fmt(y), diff)
+        if table.row_count:
+            console.console.print(table)
     held = score_held(uri, original, new)
     if held:
         console.console.print(held)
