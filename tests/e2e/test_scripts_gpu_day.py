@@ -12,7 +12,7 @@ import tarfile
 import pytest
 from conftest import REPO, all_runs, cli_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(920)]
 
 HEADLINES = [
     "ResNet-50 samples/s: fp32 / tf32 / fp16 / bf16",
@@ -37,7 +37,7 @@ def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_day_out")
     env = cli_env({"AMPSWEEP_DRYRUN": "1", "OUT": str(out), "PYTHON": sys.executable})
     proc = subprocess.run([str(REPO / "scripts" / "gpu_day.sh")], cwd=out.parent, env=env,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return out, proc.stdout
 
