@@ -191,6 +191,22 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def hide_empty_default(client) -> bool:
+    """Delete MLflow's "Default" experiment (id 0) when it holds no run: every store has one,
+    with an artifact location in ./mlruns of whichever folder made the store, which no
+    ampsweep run uses; the UI then lists ampsweep's experiments only. A deleted experiment
+    stays restorable (``mlflow experiments restore``). True when it was hidden."""
+    from mlflow.entities import ViewType
+
+    default = client.get_experiment("0")
+    if default is None or default.lifecycle_stage != "active":
+        return False
+    if client.search_runs(["0"], run_view_type=ViewType.ALL, max_results=1):
+        return False  # someone logged to it: theirs to keep
+    client.delete_experiment("0")
+    return True
+
+
 def serve(
     uri: str,
     host: str,
@@ -214,6 +230,7 @@ def serve(
         )
     if not port_free(host, port):
         raise UIError(f"--port {port}: {host}:{port} is already in use: pass another --port")
+    hide_empty_default(store.client_for(uri))
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base_url = f"http://{shown}:{port}" if ":" not in shown else f"http://[{shown}]:{port}"
     link, about = experiment_link(uri, base_url)
