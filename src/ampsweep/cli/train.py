@@ -335,6 +335,15 @@ def interrupted(command: CommandContext, args: list[str], result=None) -> int:
         return EXIT_KILLED
     killed = [o for o in command.outcomes if o.status == store.KILLED]
     stopped = killed[-1] if killed else None
+    sweeping = command.sweep is not None or "-m" in args or "--multirun" in args
+    if stopped is None and command.outcomes:  # the signal came as a job ended, or between jobs
+        done = command.outcomes[-1]
+        rest = f"; relaunch the sweep to run the rest (finished jobs are skipped): {typed}"
+        console.error(
+            f"interrupted after {done.name} ended {done.status}: nothing is left RUNNING"
+            + (rest if sweeping else "")
+        )
+        return EXIT_KILLED
     if stopped is None or not stopped.training_began:
         run = f"run {stopped.run_id} ended KILLED" if stopped and stopped.run_id else "no run"
         console.error(
@@ -349,7 +358,7 @@ def interrupted(command: CommandContext, args: list[str], result=None) -> int:
             f"{stopped.name} stopped before writing a checkpoint (the signal cut its first "
             "step short, or a second signal stopped it at once)"
         )
-    if command.sweep is not None or "-m" in args or "--multirun" in args:
+    if sweeping:
         console.error(
             f"interrupted: {where}; relaunch the sweep to finish it (finished jobs are "
             f"skipped, an interrupted one resumes): {typed}"

@@ -245,7 +245,10 @@ def test_sigterm_after_the_last_step_keeps_the_run_finished_and_stops(
     result = main("train", *quick, "model=mlp", f"tracking.uri={store_uri}")
     assert result.code == EXIT_KILLED
     assert "SIGTERM: stopping after this step" in result.err
-    assert result.err.strip().endswith("error: interrupted")
+    last = result.err.strip().splitlines()[-1]
+    assert last == (
+        "error: interrupted after fp32-mlp-digits ended FINISHED: nothing is left RUNNING"
+    )
     (r,) = all_runs(store_uri)
     assert r.info.status == "FINISHED" and "error" not in r.data.tags
     assert "fp32-mlp-digits finished" in result.out
