@@ -40,7 +40,9 @@ def test_running_the_demo_twice_prints_the_whole_report_and_report_works(
     assert "no fp32 run in this sweep" not in second
     table = second[second.index("6 runs of cnn") :]
     assert all(f" {mode} " in table for mode in MODES)
-    assert "Accuracy held" in second or "Accuracy dropped" in second
+    # (at 4 steps the baseline may not have learned yet: then no verdict on quality, said so)
+    verdicts = ("Accuracy held", "Accuracy dropped", "No verdict on quality")
+    assert any(v in second for v in verdicts)
 
     client = mlflow_store.client_for(store)
     exp = client.get_experiment_by_name("ampsweep")
