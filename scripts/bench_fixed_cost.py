@@ -212,7 +212,7 @@ PHASES = [
     ("ampsweep.runner.job", "Job.close"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_artifact"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.stop_system_metrics"),
-    ("ampsweep.engine.checkpoint", "snapshot"), ("ampsweep.runner.job", "Job._finish"),
+    ("ampsweep.engine.checkpoint", "snapshot"), ("ampsweep.runner.ending", "RunEnd.finish"),
     ("ampsweep.tracking.recorder", "MlflowRecorder.log_model"),
     ("ampsweep.tracking.logged_model", "log"),
     ("ampsweep.tracking.logged_model", "signature_output"),
