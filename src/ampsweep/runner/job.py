@@ -333,7 +333,10 @@ class Job:
             # the whole model gathered to rank 0 for logging (a collective: every rank)
             module = sharded.full_module(module, setup.skeleton, job.rank.is_main)
         record_origin(job.recorder, setup)
+        blanks = why_blank(setup.cfg, summary, self.history)  # the report says it too
         if recorder.run_id is not None:
+            if blanks:
+                recorder.set_tags({store.BLANKS: "; ".join(blanks)})
             recorder.log_json(summary, "summary.json")
             setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
             if setup.fp8.recipe:  # every Linear layer, converted or why not
@@ -404,3 +407,23 @@ def record_probe(recorder, setup) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for path in found.write(Path(tmp)):
             recorder.log_artifact(path, "numerics")
+
+
+def why_blank(cfg: Config, summary: dict, history: dict) -> list[str]:
+    """What a finished run could not measure, why, and what to set: a run too short to time
+    (every step was a timing warm-up step) or to log a training loss (fewer steps than
+    ``trainer.log_every``)."""
+    t, steps = cfg.trainer, int(summary["train/steps"])
+    out = []
+    if "perf/samples_per_s" not in summary:
+        out.append(
+            f"no samples/s: too few steps to time ({steps} trained, the first "
+            f"{t.timing_warmup_steps} untimed as warm-up); set trainer.max_steps above "
+            f"{t.timing_warmup_steps} or trainer.timing_warmup_steps below {steps}"
+        )
+    if "train/loss" not in history:
+        out.append(
+            f"no train/loss curve: no point logged ({steps} steps, one logged every "
+            f"{t.log_every}); set trainer.log_every={max(1, steps)} or lower"
+        )
+    return out

@@ -102,6 +102,9 @@ SKIPPED_PREFIX = "skipped."  # skipped.<job num> = the FINISHED run standing in 
 # KILLED with it; `ampsweep report` writes the report, removes the tag and ends the parent as
 # its jobs decide.
 REPORT_MISSING = "report_missing"
+# Why a finished run has no figure for something the report shows (too few steps to time, no
+# logged point), in words, with what to set
+BLANKS = "blanks"
 
 
 def resolve_uri(uri: str | None) -> str:

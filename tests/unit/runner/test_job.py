@@ -127,6 +127,20 @@ def test_auto_records_the_resolved_mode(store_uri, quick):
     assert "amp/loss_scale" not in r.data.metrics  # no scaler, no scale metric
 
 
+def test_a_run_too_short_to_time_or_log_says_why_in_mlflow(store_uri, quick):
+    outcome = run(store_uri, quick, "model=mlp", "trainer.max_steps=1", "trainer.log_every=5")
+    assert outcome.status == "FINISHED"
+    blanks = store.client_for(store_uri).get_run(outcome.run_id).data.tags[store.BLANKS]
+    assert "no samples/s: too few steps to time (1 trained, the first 1 untimed" in blanks
+    assert "set trainer.max_steps above 1" in blanks
+    assert "no train/loss curve: no point logged (1 steps, one logged every 5)" in blanks
+    assert "trainer.log_every=1" in blanks
+    # a run long enough to time and log records no such tag
+    full = run(store_uri, quick, "model=mlp")
+    tags = store.client_for(store_uri).get_run(full.run_id).data.tags
+    assert store.BLANKS not in tags
+
+
 def test_run_name_override(store_uri, quick):
     outcome = run(store_uri, quick, "model=mlp", "tracking.run_name=mine")
     assert store.client_for(store_uri).get_run(outcome.run_id).info.run_name == "mine"
