@@ -109,18 +109,23 @@ def run_hydra(
             return _complete(parsed, task)
         # What hydra.main runs, given the command line read already (printing the config or
         # help)
-        run_hydra_app(
-            args=parsed,
-            args_parser=get_args_parser(),
-            task_function=task,
-            config_path=str(config_dir()),
-            config_name="config",
-        )
+        _as_hydra_main(parsed, task)
     except SystemExit as exc:  # Hydra exits on its own errors (already printed)
         return exc.code if isinstance(exc.code, int) else 1
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _as_hydra_main(parsed: argparse.Namespace, task: TaskFunction) -> None:
+    """What ``hydra.main`` runs, given the command line read already."""
+    run_hydra_app(
+        args=parsed,
+        args_parser=get_args_parser(),
+        task_function=task,
+        config_path=str(config_dir()),
+        config_name="config",
+    )
 
 
 def _complete(parsed: argparse.Namespace, task: TaskFunction) -> int:
@@ -133,13 +138,7 @@ def _complete(parsed: argparse.Namespace, task: TaskFunction) -> int:
     argv0, sys.argv[0] = sys.argv[0], "ampsweep"
     try:
         with setenv("COMP_LINE", line):
-            run_hydra_app(
-                args=parsed,
-                args_parser=get_args_parser(),
-                task_function=task,
-                config_path=str(config_dir()),
-                config_name="config",
-            )
+            _as_hydra_main(parsed, task)
     finally:
         sys.argv[0] = argv0
     return 0
