@@ -1,6 +1,6 @@
 """ampsweep's Hydra plugins against Hydra's own test suites for them (the ones Hydra's
 plugins run): the sweeper (``hydra/sweeper=ampsweep``, launch/sweeper.py) in batches with its
-in-process launcher (``hydra/launcher=ampsweep``), and app/hydra_launchers.py's
+in-process launcher (``hydra/launcher=ampsweep``), and the submitit launchers
 ``hydra/launcher=ampsweep_local`` and ``ampsweep_slurm``, the latter on the one-node SLURM
 cluster of tests/slurm_fixture.py. Their task functions are the suites', not ampsweep's: the
 plugins run any Hydra app.
