@@ -377,6 +377,7 @@ def validate(cfg: Config) -> list[str]:
             "positive std (one value per channel, or both empty for the data set's own)"
         )
     p.extend(modes.problems(cfg.precision))
+    p.extend(cfg.precision.fp8.problems())
     p.extend(_fsdp_problems(cfg))
     mode = modes.get(cfg.precision.name)
     if mode is not None and mode.fp8 and cfg.precision.fp8.emulate and t.compile:

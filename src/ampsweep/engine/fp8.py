@@ -9,7 +9,8 @@ eligible when
   projection inside ``nn.MultiheadAttention`` is a Linear whose weight the attention function
   reads directly: swapping it would convert nothing),
 * both its dimensions are divisible by 16 (what fp8 tensor-core matmuls need), and
-* it is not the model's first or last layer while ``precision.fp8.keep_first_last`` holds.
+* it is not the model's first or last layer while ``precision.fp8.keep_first_last`` holds,
+  nor named by ``precision.fp8.keep_bf16`` (the filter written as config).
 
 Which layers are first and last, which are called, and the FLOPs each carries come from one
 forward pass of two samples traced on the meta device (``plan``). The run records every Linear
@@ -20,6 +21,8 @@ up that share.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +46,7 @@ class Layer:
     flops: float  # forward FLOPs of the traced batch (0: never called through forward)
     converted: bool
     reason: str = ""  # why it is kept out of fp8
+    rows: float = 0.0  # rows it multiplies per sample (tokens of a sequence; 1 for a vector)
 
 
 @dataclass
@@ -148,12 +152,39 @@ def plan(
             reason = f"{i}x{o}: both dimensions must be divisible by {MULTIPLE}"
         elif any(kept(n) for n in _prefixes(name)):
             reason = "kept in fp32 (precision.keep_fp32)"
+        elif _named(name, cfg.keep_bf16):
+            reason = "kept in bf16 by precision.fp8.keep_bf16"
         elif name in ends:
             which = "first" if name == order[0] else "last"
             reason = f"the model's {which} layer (precision.fp8.keep_first_last=true)"
         flops = 2.0 * tokens.get(name, 0) * i * o
-        layers.append(Layer(name, i, o, flops, converted=not reason, reason=reason))
+        rows = tokens.get(name, 0) / len(x[:2])
+        layers.append(Layer(name, i, o, flops, not reason, reason, rows))
+    _check_keep_bf16(cfg.keep_bf16, [la.name for la in layers])
     return Conversion(recipe, cfg.emulate, layers, float(counter.get_total_flops()))
+
+
+def _named(name: str, patterns: list[str]) -> bool:
+    """Whether a pattern names the layer or a module that holds it."""
+    return any(fnmatch.fnmatchcase(n, p) for n in _prefixes(name) for p in patterns)
+
+
+def _check_keep_bf16(patterns: list[str], linear: list[str]) -> None:
+    """Refuse the precision.fp8.keep_bf16 patterns that name no Linear layer, in one line
+    with the closest names."""
+    unmatched = [p for p in patterns if not any(_named(n, [p]) for n in linear)]
+    if not unmatched:
+        return
+    parts = []
+    for pattern in unmatched:
+        close = difflib.get_close_matches(pattern, linear, n=3, cutoff=0.3)
+        parts.append(pattern + (f" (closest: {', '.join(close)})" if close else ""))
+    shown = ", ".join(linear[:8]) + (", ..." if len(linear) > 8 else "")
+    raise ConfigError(
+        f"precision.fp8.keep_bf16: no nn.Linear layer of the model is called "
+        f"{'; '.join(parts)}: use names of its Linear layers ({shown or 'it has none'}), or "
+        "glob patterns such as 'blocks.*.mlp'"
+    )
 
 
 def _prefixes(name: str) -> list[str]:

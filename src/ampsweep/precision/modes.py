@@ -220,6 +220,19 @@ class Fp8Config:
     # Keep the model's first and last layers out of fp8 (in bf16 under autocast): the input
     # and the logits are the most sensitive to fp8's 3-bit mantissa.
     keep_first_last: bool = True
+    # Linear layers left out of fp8 (in bf16 under autocast): glob patterns on the names of
+    # ``model.named_modules()``, as precision.keep_fp32's; a pattern naming a block keeps its
+    # Linear layers. For the layers that fp8 slows down, or whose fp8 error is too large.
+    keep_bf16: list[str] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        """An empty pattern names no layer (a stray comma in the list)."""
+        if any(not str(x).strip() for x in self.keep_bf16):
+            return [
+                f"precision.fp8.keep_bf16=[{','.join(self.keep_bf16)}]: an empty pattern matches "
+                "no Linear layer: give layer names, e.g. [fc1] or [blocks.*.mlp]"
+            ]
+        return []
 
 
 @dataclass

@@ -1,0 +1,67 @@
+"""engine/fp8.py: the fp8 layer filter written as config (precision.fp8.keep_bf16), and the
+advice of which layers fp8 is predicted to speed up on a named GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ampsweep.config.compose import load
+from ampsweep.config.schema import ConfigError
+from ampsweep.engine.fp8 import plan
+from ampsweep.engine.models.vision import mlp
+from ampsweep.precision.modes import Fp8Config
+
+X = torch.zeros(2, 1, 8, 8)
+
+
+def test_keep_bf16_leaves_the_named_layers_and_blocks_out_of_fp8():
+    model = mlp((1, 8, 8), 10)  # Linear 64->256 ("1"), 256->256 ("4"), 256->10 ("7")
+    planned = plan(model, X, Fp8Config(keep_first_last=False, keep_bf16=["4"]))
+    assert planned.converted == ["1"]
+    reasons = {la.name: la.reason for la in planned.layers}
+    assert reasons["4"] == "kept in bf16 by precision.fp8.keep_bf16"
+    # a pattern naming a block keeps every Linear in it, as precision.keep_fp32's do
+    block = nn.Sequential(nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32)), nn.Linear(32, 16))
+    kept = plan(block, torch.zeros(2, 32), Fp8Config(keep_first_last=False, keep_bf16=["0"]))
+    assert kept.converted == ["1"] and kept.kept == ["0.0", "0.1"]
+    globbed = plan(block, torch.zeros(2, 32), Fp8Config(keep_first_last=False, keep_bf16=["0.*"]))
+    assert globbed.converted == ["1"]
+
+
+def test_a_keep_bf16_name_that_matches_no_linear_is_one_line_with_the_names():
+    with pytest.raises(ConfigError) as err:
+        plan(mlp((1, 8, 8), 10), X, Fp8Config(keep_bf16=["4", "fc9"]))
+    text = str(err.value)
+    assert text.startswith("precision.fp8.keep_bf16: no nn.Linear layer of the model is called fc9")
+    assert "(1, 4, 7)" in text and "\n" not in text
+
+
+def test_an_empty_keep_bf16_pattern_is_refused_when_composed():
+    with pytest.raises(ConfigError, match=r"keep_bf16=\[4,\]: an empty pattern"):
+        load(["precision=fp8_tensorwise", "precision.fp8.keep_bf16=[4,'']"])
+
+
+def test_a_bad_keep_bf16_name_exits_2_with_nothing_recorded(main):
+    pytest.importorskip("torchao")
+    out = main("train", "precision=fp8_tensorwise", "precision.fp8.emulate=true", "model=mlp",
+               "precision.fp8.keep_bf16=[fc9]")  # fmt: skip
+    assert out.code == 2
+    assert "precision.fp8.keep_bf16: no nn.Linear layer of the model is called fc9" in out.err
+    assert not Path("outputs").exists()  # the test's own folder: no store, no run folder
+
+
+def test_an_fp8_run_records_the_layers_keep_bf16_kept(main):
+    pytest.importorskip("torchao")
+    from ampsweep.engine import build
+
+    cfg = load(["precision=fp8_tensorwise", "precision.fp8.emulate=true", "model=mlp",
+                "model.width=16", "precision.fp8.keep_first_last=false",
+                "precision.fp8.keep_bf16=[4]", "tracking=none"])  # fmt: skip
+    setup = build.build(cfg)
+    converted = [n for n, m in setup.model.named_modules() if type(m).__name__ == "Float8Linear"]
+    assert converted == ["1"] == setup.fp8.converted
+    assert setup.fp8.table()["layers"][1]["reason"] == "kept in bf16 by precision.fp8.keep_bf16"
