@@ -4,7 +4,7 @@ with ``--memory-budget``, the prediction alone).
 
 Every configuration of the command (``precision=fp32,bf16`` gives two) is validated first, as
 ``ampsweep train`` does; then each is built, its memory measured (activation bytes per sample,
-the model's batch-independent memory: ``measure.cost``) and its largest batch searched by
+the model's batch-independent memory: ``measure.memory``) and its largest batch searched by
 doubling then bisecting (``engine.capacity``). Each search is recorded as an MLflow run tagged
 ``ampsweep.capacity=true`` with ``mem/max_batch_measured`` beside ``mem/max_batch_predicted``.
 """

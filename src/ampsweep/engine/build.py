@@ -21,8 +21,8 @@ from ampsweep.engine.data.batches import Augment, Batches
 from ampsweep.engine.fp8 import Conversion, check_fp8, convert_fp8
 from ampsweep.engine.optim import check_loss
 from ampsweep.engine.tasks import Objective, build_objective, default_objective
-from ampsweep.measure.cost import reset_peak_memory
 from ampsweep.measure.diagnostics import Diagnostics
+from ampsweep.measure.memory import reset_peak_memory
 from ampsweep.measure.numerics import NoLocator, NonfiniteLocator
 from ampsweep.measure.probe import LostUpdates
 from ampsweep.precision import modes

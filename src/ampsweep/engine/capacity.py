@@ -17,7 +17,7 @@ import torch
 
 from ampsweep.engine import sharded
 from ampsweep.engine.build import Setup
-from ampsweep.measure import capacity, cost
+from ampsweep.measure import capacity, memory
 
 Step = Callable[[Setup, int], None]
 
@@ -103,7 +103,7 @@ def per_rank(cfg) -> bool:
 
 
 def prediction(setup: Setup, budget: float | None) -> dict[str, float]:
-    """What the run's own measurements predict (``measure.cost.capacity_metrics``), for
+    """What the run's own measurements predict (``measure.memory.capacity_metrics``), for
     ``budget`` bytes when given, else for the GPU's memory. Measured after one step, so that the
     optimizer's state is counted."""
     probe_step(setup, 1)
@@ -111,7 +111,7 @@ def prediction(setup: Setup, budget: float | None) -> dict[str, float]:
     held = None  # FSDP over trainer.nproc ranks: what one rank would hold
     if per_rank(setup.cfg):
         held = sharded.predicted_held(setup.model, setup.optimizer, setup.cfg)
-    out = cost.capacity_metrics(
+    out = memory.capacity_metrics(
         setup.model, setup.optimizer, x, y, setup.policy, setup.objective, held=held
     )
     free_memory(setup)

@@ -22,8 +22,9 @@ from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
 from ampsweep.engine.optim import step_schedule
 from ampsweep.engine.tasks import Objective, default_objective
-from ampsweep.measure import cost, names
-from ampsweep.measure.cost import SavedTensorMeter, StepTimer, peak_memory
+from ampsweep.measure import cost, memory, names
+from ampsweep.measure.cost import StepTimer
+from ampsweep.measure.memory import SavedTensorMeter, peak_memory
 from ampsweep.measure.numerics import NonfiniteWatch
 from ampsweep.precision.policy import PrecisionPolicy, found_inf
 
@@ -400,7 +401,7 @@ def _measured(s: Setup, median_ms: float | None) -> dict[str, float]:
         step_flops = cost.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
         out.update(cost.speed_metrics(step_flops, median_ms, s.device, s.policy))
     optimizer = s.optimizer
-    out.update(cost.capacity_metrics(module, optimizer, x, y, s.policy, s.objective, held))
+    out.update(memory.capacity_metrics(module, optimizer, x, y, s.policy, s.objective, held))
     return out
 
 

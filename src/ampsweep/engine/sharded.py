@@ -34,7 +34,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ampsweep.config.schema import Config, ConfigError, Strategy
 from ampsweep.engine.distributed import uncompiled
-from ampsweep.measure.cost import dtype_name, model_memory
+from ampsweep.measure.memory import dtype_name, model_memory
 from ampsweep.precision.modes import Dtype, FsdpPrecisionConfig, PrecisionConfig, PrecisionMode
 from ampsweep.precision.policy import TORCH_DTYPES
 
@@ -211,7 +211,7 @@ def gathered_bytes(model: nn.Module, cfg: Config, param_dtype: torch.dtype) -> i
 
 
 def held_memory(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]:
-    """Bytes this rank holds, as ``measure.cost.model_memory`` counts them (its shards of the
+    """Bytes this rank holds, as ``measure.memory.model_memory`` counts them (its shards of the
     parameters, gradients and optimizer state), and ``gathered_<dtype>``: the unsharded
     parameters it holds at once while a step runs (``gathered_bytes``)."""
     held = model_memory(model, optimizer)

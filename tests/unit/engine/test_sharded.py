@@ -136,7 +136,7 @@ def test_a_sharded_resume_may_change_the_ranks_that_share_the_same_global_batch(
 
 
 def test_held_memory_counts_a_dtensor_by_its_local_shard():
-    from ampsweep.measure.cost import model_memory
+    from ampsweep.measure.memory import model_memory
 
     model = nn.Linear(4, 4, bias=False)
     shard = torch.zeros(2, 4)
@@ -168,7 +168,7 @@ def test_the_report_compares_fsdp_reductions_as_it_compares_modes():
 
 def test_a_rank_of_n_is_predicted_to_hold_one_nth_and_its_largest_gathered_block():
     from ampsweep.engine import capacity
-    from ampsweep.measure.cost import model_memory
+    from ampsweep.measure.memory import model_memory
 
     gpt = GPT(vocab_size=64, n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0)
     optimizer = torch.optim.AdamW(gpt.parameters())

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ampsweep.measure import capacity
-from ampsweep.measure.cost import capacity_metrics
+from ampsweep.measure.memory import capacity_metrics
 from ampsweep.precision.modes import PrecisionConfig
 from ampsweep.precision.policy import build_policy
 
