@@ -12,6 +12,10 @@ until a step runs out of memory, then bisecting between the last batch that fitt
 first that did not (``search``). The search is a pure function of a ``fits(batch)`` probe, so
 its logic is tested without a GPU.
 
+The step's peak, part by part (``mem/<part>_mib``: ``Breakdown``), predicts the same parts at
+another batch and in every other mode without running them (``Breakdown.at``), and so the
+largest batch of each mode for a budget (``Breakdown.max_batch``).
+
 No torch here: the report, which imports no torch, predicts the largest batch for a budget
 given on its command line from the numbers the runs recorded.
 """
@@ -21,7 +25,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from ampsweep.precision import modes
 
 # Metric names a run records (the report reads them back)
 BYTES_PER_SAMPLE = "mem/activation_bytes_per_sample"
@@ -29,6 +35,17 @@ MODEL_MIB = "mem/model_mib"  # the batch-independent part, all of it
 BUDGET_GIB = "mem/budget_gib"  # the budget max_batch_predicted assumes (CUDA: the GPU's memory)
 MAX_BATCH_PREDICTED = "mem/max_batch_predicted"
 MAX_BATCH_MEASURED = "mem/max_batch_measured"  # ampsweep capacity, on a CUDA GPU
+STEP_PEAK = "mem/step_peak_mib"  # the measured peak of one training step
+# The parts of that peak, each recorded as mem/<part>_mib; ``other`` is the peak minus the rest
+PARTS = (
+    "params", "grads", "optimizer", "master_weights", "autocast_cache", "activations", "fp8",
+    "other",
+)  # fmt: skip
+# The parts a larger batch leaves as they are (the rest grow with it)
+FIXED_PARTS = ("params", "grads", "optimizer", "master_weights", "autocast_cache", "fp8")
+# What older runs recorded: the autocast cache under its first name; all the bytes saved for
+# backward (the cache among them) where the activations alone are not recorded
+OLD_CACHE, SAVED = "mem/weight_copies_mib", "mem/activation_mib"
 
 MIB, GIB = 1024**2, 1024**3
 UNITS = {
@@ -83,6 +100,123 @@ def per_sample(bytes_at: dict[int, float]) -> tuple[float, float]:
     (b1, y1), (b2, y2) = sorted(bytes_at.items())[:2]
     slope = (y2 - y1) / (b2 - b1)
     return max(0.0, y1 - slope * b1), max(0.0, slope)
+
+
+# ---------------------------------------------------------------- the step's parts, predicted
+
+
+def part_metric(part: str) -> str:
+    return f"mem/{part}_mib"
+
+
+def _param_bytes(mode: modes.PrecisionMode) -> int:
+    """Bytes of one parameter element (and of its gradient and optimizer state)."""
+    return 2 if mode.pure else 4
+
+
+def _act_bytes(mode: modes.PrecisionMode) -> int:
+    """Bytes of one element saved for backward: a 16-bit float in every mode that computes in
+    one (autocast saves the outputs of its matmuls and convolutions in their dtype)."""
+    return 2 if mode.half else 4
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """A training step's peak memory, part by part, in MiB, of ``mode`` at ``batch``: measured
+    by a run, or predicted from one (``measured`` False, ``source`` the measured one's name).
+    ``per_sample``: the activation bytes one more sample adds (the two-batch slope)."""
+
+    mode: str
+    batch: int
+    parts: dict[str, float]
+    per_sample: float | None = None
+    measured: bool = True
+    estimated: tuple[str, ...] = ()  # parts predicted without a measurement of their kind
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def share(self, *parts: str) -> float:
+        return sum(self.parts.get(p, 0.0) for p in parts) / self.total if self.total else 0.0
+
+    def at(self, batch: int | None = None, mode: str | None = None) -> Breakdown:
+        """The same step at another ``batch`` and in another ``mode``, not run: parameters,
+        gradients and optimizer state do not grow with the batch and take their mode's dtype;
+        the activations grow by the measured bytes per sample and take the mode's compute
+        dtype; the autocast cache exists in an autocast mode only (predicted from fp32 as a
+        16-bit copy of every parameter: an upper bound, only matmul and convolution weights
+        are cast); ``other`` (temporaries, workspace) scales with the activations."""
+        batch = self.batch if batch is None else batch
+        out = self._at_batch(batch)
+        return out if mode is None or mode == self.mode else out._in_mode(mode)
+
+    def _at_batch(self, batch: int) -> Breakdown:
+        p = dict(self.parts)
+        act = p.get("activations", 0.0)
+        if self.per_sample is not None:
+            grown = max(0.0, act + self.per_sample * (batch - self.batch) / MIB)
+        else:
+            grown = act * batch / self.batch if self.batch else act
+        p["other"] = p.get("other", 0.0) * (grown / act if act else 1.0)
+        p["activations"] = grown
+        return replace(self, batch=batch, parts=p, measured=self.measured and batch == self.batch)
+
+    def _in_mode(self, name: str) -> Breakdown:
+        src, dst = modes.MODES[self.mode], modes.MODES[name]
+        p, guessed = self.parts, set(self.estimated)
+        weights = _param_bytes(dst) / _param_bytes(src)
+        elements = p.get("params", 0.0) / _param_bytes(src)  # in Mi-elements
+        acts = _act_bytes(dst) / _act_bytes(src)
+        out = {part: p.get(part, 0.0) * weights for part in ("params", "grads", "optimizer")}
+        out["master_weights"] = p.get("master_weights", 0.0) if src.pure and dst.pure else 0.0
+        cache = p.get("autocast_cache", 0.0)
+        if dst.autocast and not (src.autocast and cache):
+            cache = 2.0 * elements
+            guessed.add("autocast_cache")
+        out["autocast_cache"] = cache if dst.autocast else 0.0
+        fp8 = p.get("fp8", 0.0)
+        if dst.fp8 and not (src.fp8 and fp8):
+            fp8 = 1.0 * elements  # an fp8 copy of every weight (only Linear layers convert)
+            guessed.add("fp8")
+        out["fp8"] = fp8 if dst.fp8 else 0.0
+        out["activations"] = p.get("activations", 0.0) * acts
+        out["other"] = p.get("other", 0.0) * acts
+        per_sample = None if self.per_sample is None else self.per_sample * acts
+        kept = tuple(sorted(g for g in guessed if out.get(g)))
+        return Breakdown(name, self.batch, out, per_sample, measured=False, estimated=kept)
+
+    def max_batch(self, budget: float, mode: str | None = None) -> int | None:
+        """The largest batch whose predicted step fits ``budget`` bytes in ``mode`` (default:
+        this one): 0 when not even one sample fits; None when nothing grows with the batch."""
+        zero, one = self.at(0, mode).total * MIB, self.at(1, mode).total * MIB
+        if not one > zero:
+            return None
+        return max(0, math.floor((budget - zero) / (one - zero)))
+
+
+def breakdown(metrics: dict[str, float], mode: str, batch: int) -> Breakdown | None:
+    """The step's parts a run recorded (``mem/<part>_mib``), or None where it recorded no
+    parameters' size or its mode is not in the table. A run from before the parts were
+    recorded gives what it has: its weight copies as the autocast cache, the bytes saved for
+    backward less the cache as the activations, no ``other``."""
+    if "mem/params_mib" not in metrics or mode not in modes.MODES or batch < 1:
+        return None
+    parts = {p: float(metrics.get(part_metric(p), 0.0)) for p in PARTS}
+    if part_metric("autocast_cache") not in metrics:
+        parts["autocast_cache"] = float(metrics.get(OLD_CACHE, 0.0))
+    if part_metric("activations") not in metrics and SAVED in metrics:
+        parts["activations"] = max(0.0, metrics[SAVED] - parts["autocast_cache"])
+    slope = metrics.get(BYTES_PER_SAMPLE)
+    per_sample = float(slope) if slope is not None and math.isfinite(slope) else None
+    return Breakdown(mode, batch, parts, per_sample)
+
+
+def error_pct(predicted: float | None, measured: float | None) -> float | None:
+    """How far a prediction is from its measurement, in percent of the measurement."""
+    if not predicted or not measured:
+        return None
+    return 100.0 * (predicted - measured) / measured
 
 
 # ---------------------------------------------------------------- the search

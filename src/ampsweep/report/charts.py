@@ -17,6 +17,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ampsweep.precision.modes import color as _color
+from ampsweep.report import memory as parts
 from ampsweep.report import quality
 from ampsweep.report.model import Report, Row, is_number, measured
 from ampsweep.tracking.store import FINISHED
@@ -125,6 +126,29 @@ def memory(report: Report, path: Path) -> Path | None:
             "peak_mib",
         )
         axes[0][1].set_title("Peak GPU memory")
+    return _save(fig, path)
+
+
+def memory_breakdown(report: Report, path: Path) -> Path | None:
+    """A stacked bar per mode: its training step's peak, part by part (``report.memory``)."""
+    found = parts.measured_rows(report.summary)
+    if not found:
+        return None
+    rows = [r for r, _ in found]
+    labels = [f"{_label(r, rows)}\nbatch {bd.batch}" for r, bd in found]
+    fig, ax = _figure(figsize=(8, 4.5))
+    bottom = [0.0] * len(found)
+    for part, name in parts.PART_NAMES.items():
+        heights = [bd.parts.get(part, 0.0) for _, bd in found]
+        if not any(heights):
+            continue
+        ax.bar(labels, heights, bottom=bottom, label=name, color=parts.PART_COLORS[part])
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    for x, total in enumerate(bottom):
+        ax.annotate(f"{total:,.1f}", (x, total), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("MiB at the training step's peak")
+    ax.set_title("Memory of a training step, part by part (labels: the peak in MiB)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 
@@ -257,6 +281,7 @@ def write_charts(report: Report, folder: Path) -> list[Path]:
     made = [
         throughput(report, folder / "throughput.png"),
         memory(report, folder / "memory.png"),
+        memory_breakdown(report, folder / "memory_breakdown.png"),
         accuracy(report, folder / "accuracy.png"),
         perplexity(report, folder / "perplexity.png"),
         capacity(report, folder / "max_batch.png"),

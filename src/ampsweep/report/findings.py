@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from ampsweep.config.score import OWN_COLUMNS
 from ampsweep.measure import contention
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import numerics, quality, stats
+from ampsweep.report import memory, numerics, quality, stats
 from ampsweep.report.model import (
     Row,
     RunData,
@@ -141,6 +141,7 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
                 f"Fastest here{where}: {best.precision}, {speedup:.2f}x the {base} "
                 f"throughput ({_rate(best)})."
             )
+    out.extend(memory.findings(group, base, where))  # first among the memory findings
     act = measured((r for r in group if r.precision != base), "activation_ratio")
     if act:
         best, ratio = min(act, key=lambda m: m[1])
@@ -235,6 +236,7 @@ def interval_findings(group: list[Row], base: str, where: str, device: dict) -> 
     ]
     if speed:
         out.append(f"Speed{where}, paired by seed: " + "; ".join(speed) + ".")
+    out.extend(memory.findings(group, base, where))  # first among the memory findings
     act = measured(others, "activation_ratio")
     if act:
         best, ratio = min(act, key=lambda m: m[1])

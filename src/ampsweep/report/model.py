@@ -120,6 +120,8 @@ class RunData:
     # A relaunch skips a job whose identical config already FINISHED; that earlier run stands
     # in for the job in this launch's report (its job number in this sweep).
     stands_in_for_job: str | None = None
+    # The modules that saved the most for backward, largest first (``report.memory``)
+    activations_by_module: list[dict] = field(default_factory=list)
 
     @property
     def precision(self) -> str:
@@ -231,6 +233,9 @@ class Row:
     target_steps: float | None = None
     target_evals: int = 0
     target_reached: int = 0
+    # The training step's peak part by part, its batch, the top activation modules
+    # (``report.memory.row_memory``; {} where the run recorded no parts)
+    memory: dict = field(default_factory=dict)
 
     @property
     def configuration(self) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ampsweep.config.score import OWN_COLUMNS
-from ampsweep.report import stats
+from ampsweep.report import memory, stats
 from ampsweep.report.model import Report, Row, is_number, ratio_range
 
 CONSOLE_WIDTH = 100
@@ -247,6 +247,10 @@ def to_markdown(report: Report) -> str:
         lines += _markdown_table(*table_cells(report, rows=report.rows))
     best = stats.lines(report)  # a search's best trial of each mode
     lines += ["", "## Best of each mode", ""] + [f"- {b}" for b in best] if best else []
+    if memory.measured_rows(report.summary):
+        lines += ["", "## Memory of a training step (MiB)", ""]
+        lines += _markdown_table(*memory.table(report.summary))
+        lines += [""] + memory.module_lines(report) if memory.module_lines(report) else []
     lines += ["", "## Findings", ""] + [f"- {f}" for f in report.findings]
     return "\n".join(lines) + "\n"
 
@@ -286,7 +290,7 @@ def to_csv(report: Report) -> str:
     buf = io.StringIO()
     extras = sorted({k for r in report.rows for k in r.extra})
     probed = sorted({k for r in report.rows for k in r.probe})  # a column per probe metric
-    skip = ("extra", "probe", "ci", "members", "n")
+    skip = ("extra", "probe", "ci", "members", "n", "memory")  # memory: the JSON's
     fields = [k for k in Row.__dataclass_fields__ if k not in skip]
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(fields + extras + probed)
@@ -345,6 +349,7 @@ def print_table(report: Report, console, wide: bool = False) -> None:
         console.print(table, width=min(console.width, CONSOLE_WIDTH), crop=False)
     for line in stats.lines(report):  # a search's best trial of each mode
         console.print(escape(line))
+    _print_memory(report, console)
     console.print("[bold]Findings[/]")
     if console.soft_wrap:  # not a terminal: one line per finding
         for f in report.findings:
@@ -356,6 +361,26 @@ def print_table(report: Report, console, wide: bool = False) -> None:
     for f in report.findings:
         findings.add_row("  -", escape(f))
     console.print(findings)
+
+
+def _print_memory(report: Report, console) -> None:
+    """The memory section: each mode's step peak and its parts, the baseline's top modules."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not memory.measured_rows(report.summary):
+        return
+    headers, body = memory.table(report.summary)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="right" if i else "left", no_wrap=True)
+    for row in body:
+        table.add_row(*map(escape, row))
+    console.print("[bold]Memory of a training step[/] (MiB)")
+    console.print(table, crop=False)
+    for line in memory.module_lines(report):
+        console.print(escape(line))
 
 
 def render(report: Report, fmt: str, console=None, wide: bool = False) -> str | None:

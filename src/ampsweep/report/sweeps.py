@@ -29,7 +29,7 @@ from ampsweep.measure.names import (
 )
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import quality
+from ampsweep.report import memory, quality
 from ampsweep.report.findings import findings, untimed_findings
 from ampsweep.report.model import Report, Row, RunData, is_number, parse_number
 from ampsweep.report.recommend import recommend
@@ -156,6 +156,7 @@ def _run_data(client, r, stands_in_for_job: str | None) -> RunData:
         history=history,
         stands_in_for_job=stands_in_for_job,
         started_ms=r.info.start_time or 0,
+        activations_by_module=memory.load_modules(client, r.info.run_id),
     )
     # The score's evaluations with their timestamps: its time to quality (``report.quality``)
     if data.score is not None and data.score.name in data.metrics:
@@ -254,6 +255,7 @@ def _row(run: RunData, varies: str, budget: float | None) -> Row:
         cpu_used=m.get(contention.CORES_USED),
         cpu_others=m.get(contention.CORES_OTHERS),
         cpu_cores=m.get(contention.CORES),
+        memory=memory.row_memory(run),
         **row_fields(run),
     )
     row.contended = contended(m)
@@ -380,6 +382,7 @@ def make_report(
     words = budget_words(runs, budget)
     found = findings(summary, device, baseline_mode, words, targets)
     found += untimed_findings(rows, runs)
+    found += memory.prediction_findings(rows, runs)
     unrun = not_run_finding(sweep)
     if unrun:
         found.insert(0, unrun)

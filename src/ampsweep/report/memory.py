@@ -1,0 +1,319 @@
+"""Memory explained: each run's training-step peak part by part (``mem/<part>_mib``), the finding
+that says what each mode saved against the baseline and why, what shrinks the part that
+dominates (each a config to run, its peak predicted: ``measure.capacity.Breakdown``), the
+prediction of another batch checked against a run at that batch, the table of the text report
+and the bars of ``charts/memory_breakdown.png``.
+
+A row's ``memory`` (and the JSON report's key of that name) holds the step's measured peak, its
+parts, the run's batch, the activation bytes per sample, and the modules that saved the most for
+backward (the run's ``memory/activations_by_module.json``), where recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ampsweep.measure import capacity
+from ampsweep.measure.capacity import Breakdown
+from ampsweep.precision import modes
+from ampsweep.report.model import Report, Row, RunData, is_number
+from ampsweep.report.stats import SEED, config_key
+
+BATCH = "trainer.batch_size"
+MODULES_ARTIFACT = "memory/activations_by_module.json"
+TOP_MODULES = 5  # the modules a row keeps of that artifact, largest first
+WEIGHTS = ("params", "grads", "optimizer", "master_weights")  # what autocast leaves in fp32
+DOMINANT = 0.5  # a share of the peak above which a part decides what shrinks it
+NOTABLE = 0.1  # a share of a mode's peak worth a finding of its own (the autocast cache)
+# The parts as the table and the chart name them, and their colours (bottom to top)
+PART_NAMES = {
+    "params": "params",
+    "grads": "grads",
+    "optimizer": "optimizer",
+    "master_weights": "master weights",
+    "autocast_cache": "autocast cache",
+    "activations": "activations",
+    "fp8": "fp8",
+    "other": "other",
+}
+PART_COLORS = {
+    "params": "#4c72b0",
+    "grads": "#64b5cd",
+    "optimizer": "#8172b3",
+    "master_weights": "#ccb974",
+    "autocast_cache": "#dd8452",
+    "activations": "#55a868",
+    "fp8": "#937860",
+    "other": "#bbbbbb",
+}
+
+
+# ---------------------------------------------------------------- what a run recorded
+
+
+def load_modules(client, run_id: str) -> list[dict]:
+    """The run's activations by module (largest first), or [] where it recorded none."""
+    folder, name = MODULES_ARTIFACT.rsplit("/", 1)
+    if not any(f.path.endswith(name) for f in client.list_artifacts(run_id, folder)):
+        return []
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = client.download_artifacts(run_id, MODULES_ARTIFACT, tmp)
+        found = json.loads(Path(path).read_text())
+    return found if isinstance(found, list) else []
+
+
+def row_memory(run: RunData) -> dict:
+    """A row's ``memory``: ``step_peak_mib`` (None where not measured), ``parts`` (MiB),
+    ``batch``, ``bytes_per_sample`` and the top ``activations_by_module``; {} where the run
+    recorded no parts."""
+    bd = breakdown_of(run.metrics, run.precision, run.params)
+    if bd is None:
+        return {}
+    peak = run.metrics.get(capacity.STEP_PEAK)
+    out: dict[str, object] = {
+        "step_peak_mib": peak if is_number(peak) else None,
+        "parts": bd.parts,
+        "batch": bd.batch,
+        "bytes_per_sample": bd.per_sample,
+    }
+    if run.activations_by_module:
+        out["activations_by_module"] = run.activations_by_module[:TOP_MODULES]
+    return out
+
+
+def breakdown_of(metrics: dict, mode: str, params: dict[str, str]) -> Breakdown | None:
+    try:
+        batch = int(params.get(BATCH, ""))
+    except ValueError:
+        return None
+    return capacity.breakdown(metrics, mode, batch)
+
+
+def of_row(row: Row) -> Breakdown | None:
+    """The row's measured breakdown (``Row.memory``), for the findings, table and chart."""
+    m = row.memory
+    if not m or row.precision not in modes.MODES:
+        return None
+    return Breakdown(row.precision, m["batch"], dict(m["parts"]), m.get("bytes_per_sample"))
+
+
+def measured_rows(rows: Iterable[Row]) -> list[tuple[Row, Breakdown]]:
+    return [(r, bd) for r in rows if (bd := of_row(r)) is not None]
+
+
+def mib(x: float) -> str:
+    """``846 MiB``, ``1.1 GiB``, ``12.5 MiB``, ``0.31 MiB``."""
+    if x >= 1024:
+        return f"{x / 1024:.2g} GiB" if x < 10 * 1024 else f"{x / 1024:,.1f} GiB"
+    return f"{x:,.0f} MiB" if x >= 100 else f"{x:.3g} MiB"
+
+
+def percent(x: float) -> str:
+    """A share of the peak as one says it: ``4%``, ``71%``, ``0.3%``."""
+    return f"{100 * x:.0f}%" if abs(x) >= 0.01 else f"{100 * x:.1g}%"
+
+
+# ---------------------------------------------------------------- what shrinks it
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A config that shrinks the part that dominates: its overrides and what it is predicted
+    to hold (None where the prediction is not made: FSDP's shards)."""
+
+    overrides: tuple[str, ...]
+    predicted_mib: float | None
+    why: str
+
+    @property
+    def text(self) -> str:
+        run = " ".join(self.overrides)
+        shown = f", predicted {mib(self.predicted_mib)}" if self.predicted_mib else ""
+        return f"{run} ({self.why}{shown})"
+
+
+def pure_of(mode: modes.PrecisionMode) -> modes.PrecisionMode | None:
+    """The pure mode of ``mode``'s dtype (its weights and optimizer state in 16 bits)."""
+    return next((m for m in modes.MODES.values() if m.pure and m.dtype == mode.dtype), None)
+
+
+def fixes(base: Breakdown, amp: Breakdown) -> list[Fix]:
+    """What shrinks the part that dominates ``base``'s peak, each predicted from ``amp``'s
+    measured step: the weights and optimizer state (a pure mode, FSDP), or the activations (a
+    larger batch in the same memory, where autocast halved them)."""
+    mode = modes.MODES[amp.mode]
+    out = []
+    larger = amp.max_batch(base.total * capacity.MIB)
+    if larger is not None and larger > amp.batch:
+        out.append(
+            Fix(
+                (f"precision={amp.mode}", f"{BATCH}={larger}"),
+                amp.at(larger).total,
+                f"the largest batch {amp.mode} fits in {base.mode}'s peak",
+            )
+        )
+    if base.share(*WEIGHTS) >= DOMINANT:
+        pure = pure_of(mode)
+        if pure is not None and pure.name != amp.mode:
+            out.append(
+                Fix(
+                    (f"precision={pure.name}",),
+                    amp.at(mode=pure.name).total,
+                    f"weights, gradients and optimizer state in {pure.dtype}, no fp32 copy",
+                )
+            )
+        out.append(
+            Fix(
+                (f"precision={amp.mode}", "trainer.strategy=fsdp", "trainer.nproc=2"),
+                None,
+                "each rank holds half the weights, gradients and optimizer state",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------- the findings
+
+
+def findings(group: list[Row], base: str, where: str) -> list[str]:
+    """The finding that answers the question, for each mode against ``base`` (one
+    configuration's rows), then the autocast cache and fp8's weight copies where they matter."""
+    found = measured_rows(group)
+    ref = next((bd for r, bd in found if r.precision == base), None)
+    if ref is None:
+        return []
+    out = [saved(ref, bd, where) for r, bd in found if r.precision != base]
+    out += [cache_finding(bd, where) for _, bd in found if bd.share("autocast_cache") >= NOTABLE]
+    out.append(fp8_finding([bd for _, bd in found], where))
+    return [line for line in out if line]
+
+
+def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
+    """``bf16 saved 4% of the step's peak against fp32 (...): the activations it halves are 9%
+    of fp32's peak at batch 8; the weights, gradients and optimizer state are 71%. ...``"""
+    change = 1 - bd.total / ref.total
+    verb = f"saved {percent(change)}" if change >= 0 else f"used {percent(-change)} more"
+    head = (
+        f"{bd.mode} {verb} of the step's peak against {ref.mode}{where} "
+        f"({mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch})"
+    )
+    act, weights = ref.share("activations", "other"), ref.share(*WEIGHTS)
+    why = (
+        f"the activations and the temporaries beside them are {percent(act)} of {ref.mode}'s "
+        f"peak; the weights, gradients and optimizer state are {percent(weights)}"
+    )
+    cache = bd.parts.get("autocast_cache", 0.0) + bd.parts.get("fp8", 0.0)
+    if change < 0 and cache:
+        less = ref.parts.get("activations", 0.0) - bd.parts.get("activations", 0.0)
+        why = (
+            f"its {modes.MODES[bd.mode].dtype} weight copies ({mib(cache)}) outweigh what it "
+            f"saved of the activations ({mib(less)}); {why}"
+        )
+    if weights >= DOMINANT:
+        lead = "what dominates does not shrink with autocast: "
+    elif act >= DOMINANT:
+        lead = "the activations dominate, so autocast's saving is real: "
+    else:
+        lead = ""
+    shrink = "; ".join(f.text for f in fixes(ref, bd))
+    return f"{head}: {why}. " + (f"{lead[0].upper()}{lead[1:]}{shrink}." if shrink else "")
+
+
+def cache_finding(bd: Breakdown, where: str) -> str:
+    """Autocast's cache of half-precision weight copies, where it is a tenth of the peak."""
+    mode = modes.MODES[bd.mode]
+    cache = bd.parts["autocast_cache"]
+    pure = pure_of(mode)
+    fix = ""
+    if pure is not None:
+        fix = (
+            f": precision={pure.name} keeps none (its weights are {pure.dtype} already; "
+            f"predicted {mib(bd.at(mode=pure.name).total)})"
+        )
+    return (
+        f"{bd.mode}'s autocast cache holds {mib(cache)} of {mode.dtype} weight copies{where}, "
+        f"{percent(cache / bd.total)} of its step's peak{fix}."
+    )
+
+
+def fp8_finding(found: list[Breakdown], where: str) -> str:
+    """An fp8 mode that used more memory than the 16-bit autocast mode of its dtype."""
+    for bd in found:
+        mode = modes.MODES[bd.mode]
+        plain = next((b for b in found if b.mode == mode.dtype), None)
+        if mode.fp8 and plain is not None and bd.total > plain.total:
+            copies = bd.parts.get("fp8", 0.0)
+            return (
+                f"{bd.mode} used more memory than {plain.mode}{where} ({mib(bd.total)} vs "
+                f"{mib(plain.total)}): its fp8 weight copies and scales ({mib(copies)}) are "
+                f"kept beside autocast's {plain.mode} ones without compile; "
+                f"trainer.compile=true fuses the casts into the matmuls."
+            )
+    return ""
+
+
+def prediction_findings(rows: list[Row], runs: list[RunData]) -> list[str]:
+    """Where the sweep ran one configuration at several batch sizes: each larger batch's step
+    peak predicted from the smallest batch's run, against what it measured, with the error."""
+    params = {r.run_id: r.params for r in runs}
+    groups: dict[tuple, list[tuple[Row, Breakdown]]] = {}
+    for row, bd in measured_rows(rows):
+        if row.memory.get("step_peak_mib") is None:
+            continue
+        key = (row.precision, config_key(params.get(row.run_id, {}), ignore=(BATCH, SEED)))
+        groups.setdefault(key, []).append((row, bd))
+    out = []
+    for group in groups.values():
+        (_, small), *rest = sorted(group, key=lambda m: m[1].batch)
+        checks = []
+        for _, bd in rest:
+            if bd.batch == small.batch:
+                continue
+            predicted = small.at(bd.batch).total
+            err = capacity.error_pct(predicted, bd.total)
+            checks.append(
+                f"batch {bd.batch}: predicted {mib(predicted)}, measured {mib(bd.total)} "
+                f"({err:+.1f}%)"
+            )
+        if checks:
+            out.append(
+                f"{small.mode}'s step peak predicted from its batch-{small.batch} run: "
+                + "; ".join(checks)
+                + "."
+            )
+    return out
+
+
+# ---------------------------------------------------------------- the text report's section
+
+
+def table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the memory table: a row per mode, its peak and parts in MiB."""
+    found = measured_rows(rows)
+    shown = [p for p in capacity.PARTS if any(bd.parts.get(p) for _, bd in found)]
+    headers = ["mode", "batch", "step peak", *(PART_NAMES[p] for p in shown)]
+    body = [
+        [r.precision, str(bd.batch), f"{bd.total:,.1f}", *(f"{bd.parts[p]:,.1f}" for p in shown)]
+        for r, bd in found
+    ]
+    return headers, body
+
+
+def module_lines(report: Report) -> list[str]:
+    """The baseline's modules that saved the most for backward: where activation
+    checkpointing or channels_last would act."""
+    for r in report.summary:
+        top = r.memory.get("activations_by_module") if r.memory else None
+        if r.precision == report.baseline_mode and top:
+            items = [
+                f"{m.get('module') or '(root)'} ({m.get('type', '?')}) {mib(m.get('mib', 0.0))}, "
+                f"{percent(m.get('share', 0.0))}"
+                for m in top
+            ]
+            return [f"Saved for backward the most in {r.name}: " + "; ".join(items) + "."]
+    return []
