@@ -1,5 +1,5 @@
-"""What a training step costs in time and compute: its time, the FLOPs it does and model FLOPs
-utilisation (MFU). What it costs in memory is ``measure.memory``'s.
+"""What a training step costs: its time, the FLOPs it does and model FLOPs utilisation (MFU),
+and its memory (what autograd saves for backward, the batch-independent part, the peak).
 
 ``StepTimer`` times each optimizer step after ``trainer.timing_warmup_steps``, without adding a
 sync per step; the run reports the median.
@@ -9,24 +9,32 @@ element-wise update is left out, as in the usual MFU definition) are counted onc
 ``torch.utils.flop_counter.FlopCounterMode``, which counts matmuls, convolutions and attention
 from their shapes. The count does not depend on the dtype, so the same number serves every
 precision mode. ``perf/tflops`` is that count over the median step time; ``perf/mfu`` divides
-it by the GPU's peak dense throughput for the mode's math (table below; an fp8 mode is measured
-against the fp8 peak, the hardware's best, although only its converted Linear layers run in fp8
-and the rest runs in bf16). An unknown GPU gets no MFU rather than a wrong one; CPUs get
-``perf/tflops`` only.
+it by the GPU's peak dense throughput for the mode's math (the GPU table of
+``measure.roofline``; an fp8 mode is measured against the fp8 peak, the hardware's best,
+although only its converted Linear layers run in fp8 and the rest runs in bf16). An unknown
+GPU gets no MFU rather than a wrong one; CPUs get ``perf/tflops`` only.
+
+Memory: ``SavedTensorMeter`` counts the bytes autograd saves for backward (the activation
+memory AMP halves), ``model_memory`` the batch-independent part (parameters, gradients, optimizer
+state), and ``capacity_metrics`` what the two predict of the largest batch that fits
+(``measure.capacity``).
 """
 
 from __future__ import annotations
 
-import re
+import contextlib
+import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from ampsweep.measure import capacity
+from ampsweep.measure.roofline import lookup_peak
 from ampsweep.precision.policy import PrecisionPolicy
 
 # ---------------------------------------------------------------- step time
@@ -88,68 +96,9 @@ class StepTimer:
 # ---------------------------------------------------------------- FLOPs and MFU
 
 
-@dataclass(frozen=True)
-class Peak:
-    """Peak dense TFLOPS (no structured sparsity) of one GPU model, per kind of math."""
-
-    fp32: float  # plain fp32 (CUDA cores)
-    tf32: float | None  # fp32 inputs on tensor cores (None: no TF32, pre-Ampere)
-    fp16: float  # fp16 tensor cores, fp32 accumulate
-    bf16: float | None  # None: no bf16 tensor cores (pre-Ampere)
-    fp8: float | None = None  # fp8 (E4M3/E5M2) tensor cores; None: none (before Ada/Hopper)
-
-
-# Vendor datasheet numbers. NVIDIA quotes tensor-core figures "with sparsity" (marked * in the
-# datasheets); the dense figure, which is what training runs at, is half of it.
-# Matched against torch.cuda.get_device_name() in order (first match wins).
-PEAKS: list[tuple[str, str, Peak]] = [
-    # NVIDIA H200 Tensor Core GPU datasheet: H200 SXM FP32 67, TF32 989*, BF16/FP16 1979*,
-    # FP8 3958*; H200 NVL FP32 60, TF32 835*, BF16/FP16 1671*, FP8 3341*.
-    (r"\bH200 NVL\b", "H200 NVL", Peak(60.0, 417.5, 835.5, 835.5, 1670.5)),
-    (r"\bH200\b", "H200 SXM", Peak(67.0, 494.5, 989.5, 989.5, 1979.0)),
-    # NVIDIA H100 Tensor Core GPU datasheet: SXM FP32 67, TF32 989*, BF16/FP16 1979*,
-    # FP8 3958*; PCIe FP32 51, TF32 756*, BF16/FP16 1513*, FP8 3026*; NVL FP32 60, TF32 835*,
-    # BF16/FP16 1671*, FP8 3341*.
-    (r"\bH100 NVL\b", "H100 NVL", Peak(60.0, 417.5, 835.5, 835.5, 1670.5)),
-    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", Peak(51.0, 378.0, 756.5, 756.5, 1513.0)),
-    (r"\bH100\b", "H100 SXM", Peak(67.0, 494.5, 989.5, 989.5, 1979.0)),
-    # NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe, 40 and 80 GB): FP32 19.5,
-    # TF32 156 (312*), BF16 312 (624*), FP16 312 (624*).
-    (r"\bA100\b", "A100", Peak(19.5, 156.0, 312.0, 312.0)),
-    # NVIDIA L40S datasheet: FP32 91.6, TF32 183 (366*), BF16/FP16 362.05 (733*),
-    # FP8 733 (1466*).
-    (r"\bL40S\b", "L40S", Peak(91.6, 183.0, 362.05, 362.05, 733.0)),
-    # NVIDIA A40 datasheet: FP32 37.4, TF32 74.8 (149.6*), BF16/FP16 149.7 (299.4*).
-    (r"\bA40\b", "A40", Peak(37.4, 74.8, 149.7, 149.7)),
-    # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16/FP16 242*, FP8 485*.
-    (r"\bL4\b", "L4", Peak(30.3, 60.0, 121.0, 121.0, 242.5)),
-    # NVIDIA A10 datasheet: FP32 31.2, TF32 62.5 (125*), BF16/FP16 125 (250*). The AWS A10G
-    # is a different part and does not match (\b stops "A10" at "A10G").
-    (r"\bA10\b", "A10", Peak(31.2, 62.5, 125.0, 125.0)),
-    # NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: FP32 82.6, TF32 82.6
-    # (165.2*), FP16/BF16 tensor with FP32 accumulate 165.2 (330.4*), FP8 tensor with FP32
-    # accumulate 330.3 (660.6*) (autocast and torchao accumulate in fp32, so the
-    # fp16-accumulate figures do not apply).
-    (r"\bRTX 4090\b", "RTX 4090", Peak(82.6, 82.6, 165.2, 165.2, 330.3)),
-    # NVIDIA V100 datasheet: SXM2 FP32 15.7, tensor 125; PCIe 14, 112; V100S PCIe 16.4, 130.
-    # Volta has neither TF32 nor bf16.
-    (r"\bV100S\b", "V100S PCIe", Peak(16.4, None, 130.0, None)),
-    (r"\bV100\b.*\bPCIE\b", "V100 PCIe", Peak(14.0, None, 112.0, None)),
-    (r"\bV100\b", "V100 SXM2", Peak(15.7, None, 125.0, None)),
-    # NVIDIA T4 datasheet: FP32 8.1, mixed precision (FP16/FP32) 65.
-    (r"\bT4\b", "T4", Peak(8.1, None, 65.0, None)),
-]
-
-
-def lookup_peak(device_name: str) -> tuple[str, Peak] | None:
-    """The table entry for a GPU name as CUDA reports it, or None for an unknown GPU."""
-    for pattern, label, peak in PEAKS:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            return label, peak
-    return None
-
-
 def peak_tflops(device_name: str, kind: str) -> float | None:
+    """Dense TFLOPS of a kind of math on a GPU named as CUDA names it (the table lives in
+    ``measure.roofline``); None for an unknown GPU or one without that kind."""
     found = lookup_peak(device_name)
     return None if found is None else getattr(found[1], kind)
 
@@ -203,4 +152,183 @@ def speed_metrics(
         peak = peak_tflops(torch.cuda.get_device_name(device), policy.mode.flop_kind)
         if peak:
             out["perf/mfu"] = tflops / peak
+    return out
+
+
+# ---------------------------------------------------------------- memory
+
+MIB = 1024**2
+
+
+NO_RECORDING = contextlib.nullcontext()  # stateless: shared by every step not measured
+
+
+class SavedTensorMeter:
+    """Bytes of the tensors autograd saves for backward: the activation memory AMP halves.
+
+    ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor packed for backward. Each
+    storage is counted once, and parameters are left out: they exist whatever the precision
+    (their half-precision copies made by autocast do count: they are extra memory).
+    """
+
+    def __init__(self, model: torch.nn.Module, measured_bytes: int = 0):
+        self._param_ptrs = {p.data_ptr() for p in model.parameters()}
+        self._seen: set[tuple[str, int]] = set()
+        self.bytes = measured_bytes  # a resumed run keeps what its first step measured
+        self.by_dtype: dict[str, int] = {}  # the same bytes by the saved tensors' dtype
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage()
+            key = (str(t.device), storage.data_ptr())
+            size = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+            key, size = (str(t.device), id(t)), t.numel() * t.element_size()
+        if key[1] not in self._param_ptrs and key not in self._seen:
+            self._seen.add(key)
+            self.bytes += size
+            name = dtype_name(t.dtype)
+            self.by_dtype[name] = self.by_dtype.get(name, 0) + size
+        return t
+
+    def record(self, enabled: bool = True) -> contextlib.AbstractContextManager:
+        """Count what autograd saves inside this context (the loop measures its very first
+        micro-batch only; the others get a plain null context, cheaper than a generator's)."""
+        return self._recording() if enabled else NO_RECORDING
+
+    @contextlib.contextmanager
+    def _recording(self):
+        self._seen.clear()
+        self.bytes = 0
+        self.by_dtype = {}
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield
+
+    @property
+    def mib(self) -> float:
+        return self.bytes / MIB
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """Peak memory metrics: the process's RSS, and the CUDA allocator's peaks on CUDA."""
+    out = {"mem/peak_rss_mib": peak_rss_mib()}
+    if device.type == "cuda":
+        out["mem/peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
+        out["mem/peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
+    return out
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / MIB if sys.platform == "darwin" else rss / 1024
+
+
+# ---------------------------------------------------------------- capacity
+
+DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8e4m3",
+    torch.float8_e5m2: "fp8e5m2",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A short name without underscores (metric names put it after one: ``params_fp32``)."""
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").replace("_", "")
+
+
+def _add(out: dict[str, float], part: str, t: torch.Tensor, nbytes: int | None = None) -> None:
+    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor (FSDP): this rank's shard
+    key = f"{part}_{dtype_name(t.dtype)}"
+    out[key] = out.get(key, 0) + (t.numel() * t.element_size() if nbytes is None else nbytes)
+
+
+def model_memory(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Bytes that do not depend on the batch, as ``<part>_<dtype>``: ``params`` (under autocast
+    these fp32 parameters are the master weights; pure modes keep no fp32 copy), ``grads``
+    (one per trainable parameter, in its dtype) and ``optimizer`` state (read from the
+    optimizer, so after its first step). Of sharded tensors (FSDP), this rank's shards."""
+    out: dict[str, float] = {}
+    for p in module.parameters():
+        _add(out, "params", p)
+        if p.requires_grad:
+            _add(out, "grads", p)
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                _add(out, "optimizer", value)
+    return out
+
+
+def saved_bytes(module, x: torch.Tensor, y: torch.Tensor, policy, loss=None) -> SavedTensorMeter:
+    """What autograd saves for backward in one forward pass and ``loss`` (the run's objective;
+    default cross-entropy) on ``(x, y)``, counted as on a run's first step (by dtype too),
+    without touching the run's state: the parameters are detached leaves that share their
+    memory, buffers are copies, the RNG is restored."""
+    loss = loss or cross_entropy
+    params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in module.named_parameters()}
+    buffers = {n: b.clone() for n, b in module.named_buffers()}
+    meter = SavedTensorMeter(module)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), meter.record(), policy.autocast():
+        logits = torch.func.functional_call(module, {**params, **buffers}, (x,))
+        loss(logits, y)  # the graph is dropped on return: nothing runs back
+    return meter
+
+
+def capacity_metrics(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    policy,
+    loss=None,
+    held: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """What one sample costs and what the model costs, in memory, and on a CUDA GPU the largest
+    batch its memory would hold (``measure.capacity``). ``loss``: the run's objective.
+    ``held``: the model's memory as one rank holds it, where that is not ``module``'s
+    (FSDP: its shards and the gathered parameters; ``module`` is the whole model), so the
+    prediction is per rank.
+
+    The saved-tensor count is taken at two batch sizes (``x`` and half of it): the slope is
+    the activation bytes per sample, the intercept what autograd saves whatever the batch
+    (autocast's low-precision copies of the weights, ``weight_copies``)."""
+    batch = x.shape[0]
+    other = batch // 2 if batch >= 2 else 2
+    # Copies, not views: the meter counts a saved tensor's whole storage.
+    xs = x[:other].clone() if other < batch else torch.cat([x, x])
+    ys = y[:other].clone() if other < batch else torch.cat([y, y])
+    big, small = saved_bytes(module, x, y, policy, loss), saved_bytes(module, xs, ys, policy, loss)
+    _, slope = capacity.per_sample({batch: big.bytes, other: small.bytes})
+    parts = dict(held) if held is not None else model_memory(module, optimizer)
+    for dtype in sorted(set(big.by_dtype) | set(small.by_dtype)):
+        copies, _ = capacity.per_sample(
+            {batch: big.by_dtype.get(dtype, 0), other: small.by_dtype.get(dtype, 0)}
+        )
+        if copies >= 1024:  # below that: a few saved scalars, not weights
+            parts[f"weight_copies_{dtype}"] = copies
+    model_bytes = sum(parts.values())
+    out = {capacity.BYTES_PER_SAMPLE: slope, capacity.MODEL_MIB: model_bytes / MIB}
+    totals: dict[str, float] = {}
+    for key, nbytes in parts.items():
+        out[f"mem/{key}_mib"] = nbytes / MIB
+        part = key.rsplit("_", 1)[0]
+        totals[part] = totals.get(part, 0) + nbytes
+    out.update({f"mem/{part}_mib": nbytes / MIB for part, nbytes in totals.items()})
+    if x.device.type == "cuda":
+        budget = torch.cuda.get_device_properties(x.device).total_memory
+        out[capacity.BUDGET_GIB] = budget / capacity.GIB
+        predicted = capacity.predict_max_batch(budget, model_bytes, slope)
+        if predicted is not None:
+            out[capacity.MAX_BATCH_PREDICTED] = predicted
     return out
