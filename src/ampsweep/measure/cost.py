@@ -1,5 +1,5 @@
-"""What a training step costs: its time, the FLOPs it does and model FLOPs utilisation (MFU),
-and its memory (what autograd saves for backward, the batch-independent part, the peak).
+"""What a training step costs in time and compute: its time, the FLOPs it does and model FLOPs
+utilisation (MFU). What it costs in memory is ``measure.memory``'s.
 
 ``StepTimer`` times each optimizer step after ``trainer.timing_warmup_steps``, without adding a
 sync per step; the run reports the median.
@@ -13,19 +13,11 @@ it by the GPU's peak dense throughput for the mode's math (the GPU table of
 ``measure.roofline``; an fp8 mode is measured against the fp8 peak, the hardware's best,
 although only its converted Linear layers run in fp8 and the rest runs in bf16). An unknown
 GPU gets no MFU rather than a wrong one; CPUs get ``perf/tflops`` only.
-
-Memory: ``SavedTensorMeter`` counts the bytes autograd saves for backward (the activation
-memory AMP halves), ``model_memory`` the batch-independent part (parameters, gradients, optimizer
-state), and ``capacity_metrics`` what the two predict of the largest batch that fits
-(``measure.capacity``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -33,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from ampsweep.measure import capacity
 from ampsweep.measure.roofline import lookup_peak
 from ampsweep.precision.policy import PrecisionPolicy
 
@@ -152,183 +143,4 @@ def speed_metrics(
         peak = peak_tflops(torch.cuda.get_device_name(device), policy.mode.flop_kind)
         if peak:
             out["perf/mfu"] = tflops / peak
-    return out
-
-
-# ---------------------------------------------------------------- memory
-
-MIB = 1024**2
-
-
-NO_RECORDING = contextlib.nullcontext()  # stateless: shared by every step not measured
-
-
-class SavedTensorMeter:
-    """Bytes of the tensors autograd saves for backward: the activation memory AMP halves.
-
-    ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor packed for backward. Each
-    storage is counted once, and parameters are left out: they exist whatever the precision
-    (their half-precision copies made by autocast do count: they are extra memory).
-    """
-
-    def __init__(self, model: torch.nn.Module, measured_bytes: int = 0):
-        self._param_ptrs = {p.data_ptr() for p in model.parameters()}
-        self._seen: set[tuple[str, int]] = set()
-        self.bytes = measured_bytes  # a resumed run keeps what its first step measured
-        self.by_dtype: dict[str, int] = {}  # the same bytes by the saved tensors' dtype
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        try:
-            storage = t.untyped_storage()
-            key = (str(t.device), storage.data_ptr())
-            size = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
-            key, size = (str(t.device), id(t)), t.numel() * t.element_size()
-        if key[1] not in self._param_ptrs and key not in self._seen:
-            self._seen.add(key)
-            self.bytes += size
-            name = dtype_name(t.dtype)
-            self.by_dtype[name] = self.by_dtype.get(name, 0) + size
-        return t
-
-    def record(self, enabled: bool = True) -> contextlib.AbstractContextManager:
-        """Count what autograd saves inside this context (the loop measures its very first
-        micro-batch only; the others get a plain null context, cheaper than a generator's)."""
-        return self._recording() if enabled else NO_RECORDING
-
-    @contextlib.contextmanager
-    def _recording(self):
-        self._seen.clear()
-        self.bytes = 0
-        self.by_dtype = {}
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            yield
-
-    @property
-    def mib(self) -> float:
-        return self.bytes / MIB
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory(device: torch.device) -> dict[str, float]:
-    """Peak memory metrics: the process's RSS, and the CUDA allocator's peaks on CUDA."""
-    out = {"mem/peak_rss_mib": peak_rss_mib()}
-    if device.type == "cuda":
-        out["mem/peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
-        out["mem/peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
-    return out
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / MIB if sys.platform == "darwin" else rss / 1024
-
-
-# ---------------------------------------------------------------- capacity
-
-DTYPE_NAMES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float8_e4m3fn: "fp8e4m3",
-    torch.float8_e5m2: "fp8e5m2",
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """A short name without underscores (metric names put it after one: ``params_fp32``)."""
-    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").replace("_", "")
-
-
-def _add(out: dict[str, float], part: str, t: torch.Tensor, nbytes: int | None = None) -> None:
-    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor (FSDP): this rank's shard
-    key = f"{part}_{dtype_name(t.dtype)}"
-    out[key] = out.get(key, 0) + (t.numel() * t.element_size() if nbytes is None else nbytes)
-
-
-def model_memory(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """Bytes that do not depend on the batch, as ``<part>_<dtype>``: ``params`` (under autocast
-    these fp32 parameters are the master weights; pure modes keep no fp32 copy), ``grads``
-    (one per trainable parameter, in its dtype) and ``optimizer`` state (read from the
-    optimizer, so after its first step). Of sharded tensors (FSDP), this rank's shards."""
-    out: dict[str, float] = {}
-    for p in module.parameters():
-        _add(out, "params", p)
-        if p.requires_grad:
-            _add(out, "grads", p)
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                _add(out, "optimizer", value)
-    return out
-
-
-def saved_bytes(module, x: torch.Tensor, y: torch.Tensor, policy, loss=None) -> SavedTensorMeter:
-    """What autograd saves for backward in one forward pass and ``loss`` (the run's objective;
-    default cross-entropy) on ``(x, y)``, counted as on a run's first step (by dtype too),
-    without touching the run's state: the parameters are detached leaves that share their
-    memory, buffers are copies, the RNG is restored."""
-    loss = loss or cross_entropy
-    params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in module.named_parameters()}
-    buffers = {n: b.clone() for n, b in module.named_buffers()}
-    meter = SavedTensorMeter(module)
-    devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), meter.record(), policy.autocast():
-        logits = torch.func.functional_call(module, {**params, **buffers}, (x,))
-        loss(logits, y)  # the graph is dropped on return: nothing runs back
-    return meter
-
-
-def capacity_metrics(
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    policy,
-    loss=None,
-    held: dict[str, float] | None = None,
-) -> dict[str, float]:
-    """What one sample costs and what the model costs, in memory, and on a CUDA GPU the largest
-    batch its memory would hold (``measure.capacity``). ``loss``: the run's objective.
-    ``held``: the model's memory as one rank holds it, where that is not ``module``'s
-    (FSDP: its shards and the gathered parameters; ``module`` is the whole model), so the
-    prediction is per rank.
-
-    The saved-tensor count is taken at two batch sizes (``x`` and half of it): the slope is
-    the activation bytes per sample, the intercept what autograd saves whatever the batch
-    (autocast's low-precision copies of the weights, ``weight_copies``)."""
-    batch = x.shape[0]
-    other = batch // 2 if batch >= 2 else 2
-    # Copies, not views: the meter counts a saved tensor's whole storage.
-    xs = x[:other].clone() if other < batch else torch.cat([x, x])
-    ys = y[:other].clone() if other < batch else torch.cat([y, y])
-    big, small = saved_bytes(module, x, y, policy, loss), saved_bytes(module, xs, ys, policy, loss)
-    _, slope = capacity.per_sample({batch: big.bytes, other: small.bytes})
-    parts = dict(held) if held is not None else model_memory(module, optimizer)
-    for dtype in sorted(set(big.by_dtype) | set(small.by_dtype)):
-        copies, _ = capacity.per_sample(
-            {batch: big.by_dtype.get(dtype, 0), other: small.by_dtype.get(dtype, 0)}
-        )
-        if copies >= 1024:  # below that: a few saved scalars, not weights
-            parts[f"weight_copies_{dtype}"] = copies
-    model_bytes = sum(parts.values())
-    out = {capacity.BYTES_PER_SAMPLE: slope, capacity.MODEL_MIB: model_bytes / MIB}
-    totals: dict[str, float] = {}
-    for key, nbytes in parts.items():
-        out[f"mem/{key}_mib"] = nbytes / MIB
-        part = key.rsplit("_", 1)[0]
-        totals[part] = totals.get(part, 0) + nbytes
-    out.update({f"mem/{part}_mib": nbytes / MIB for part, nbytes in totals.items()})
-    if x.device.type == "cuda":
-        budget = torch.cuda.get_device_properties(x.device).total_memory
-        out[capacity.BUDGET_GIB] = budget / capacity.GIB
-        predicted = capacity.predict_max_batch(budget, model_bytes, slope)
-        if predicted is not None:
-            out[capacity.MAX_BATCH_PREDICTED] = predicted
     return out
