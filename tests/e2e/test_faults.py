@@ -239,13 +239,13 @@ def test_two_identical_sweeps_launched_together_never_share_a_run(tmp_path, stor
     client = store.client_for(store_uri)
     # Both commands forked warm at once, from two threads (run_cli waits for its command).
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        for _ in range(5):  # the race showed in every try before runs had one owner
+        for _ in range(2):  # the race showed in every try before runs had one owner
             for proc in pool.map(lambda _: run_cli(args, tmp_path), range(2)):
                 assert proc.returncode == 0, proc.stderr[-3000:]
                 assert "recorded no run" not in proc.stderr
     runs = all_runs(store_uri)
     parents = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
-    assert len({p.data.tags[store.SWEEP_DIR] for p in parents}) == len(parents) == 10
+    assert len({p.data.tags[store.SWEEP_DIR] for p in parents}) == len(parents) == 4
     children = [r for r in runs if r.data.tags.get(store.SWEEP) != "true"]
     exps = list({r.info.experiment_id for r in runs})
     models = client.search_logged_models(exps, max_results=1000)
