@@ -7,6 +7,10 @@ Every configuration of the command (``precision=fp32,bf16`` gives two) is valida
 the model's batch-independent memory: ``measure.memory``) and its largest batch searched by
 doubling then bisecting (``engine.capacity``). Each search is recorded as an MLflow run tagged
 ``ampsweep.capacity=true`` with ``mem/max_batch_measured`` beside ``mem/max_batch_predicted``.
+
+From the same measurement, the step's memory part by part is predicted for every kind of mode
+(``measure.capacity.by_mode``), at ``trainer.batch_size`` or ``--predict-batch``, with the
+largest batch each fits in the budget; recorded beside as ``memory_by_mode.json``.
 """
 
 from __future__ import annotations
@@ -32,8 +36,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--memory-budget",
+        "--budget",
         metavar="SIZE",
         help="the budget the prediction assumes, e.g. 80GiB (default: the GPU's memory)",
+    )
+    p.add_argument(
+        "--predict-batch",
+        type=int,
+        metavar="N",
+        help="the batch the memory of each mode is predicted at (default: trainer.batch_size)",
     )
     p.add_argument(
         "--limit", type=int, default=DEFAULT_LIMIT, help=f"largest batch tried ({DEFAULT_LIMIT})"
@@ -47,14 +58,20 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         budget = parse_budget(args.memory_budget)
         if args.limit < 1:
             raise ConfigError(f"--limit {args.limit} must be >= 1, e.g. --limit {DEFAULT_LIMIT}")
+        if args.predict_batch is not None and args.predict_batch < 1:
+            raise ConfigError(
+                f"--predict-batch {args.predict_batch} must be >= 1, e.g. --predict-batch 64"
+            )
         configs = plan(list(args.overrides), budget)
     except ConfigError as err:
         console.error(str(err))
         return 2
     rows = []
     for cfg in configs:
-        rows.append(measure(cfg, budget, args.limit))
+        rows.append(measure(cfg, budget, args.limit, args.predict_batch))
     print_rows(rows, budget)
+    for row in rows:
+        print_modes(row, budget)
     return 0
 
 
@@ -102,8 +119,9 @@ def plan(overrides: list[str], budget: int | None = None) -> list[Config]:
     return [replace(c, trainer=replace(c.trainer, compile=False)) for c in configs]
 
 
-def measure(cfg: Config, budget: int | None, limit: int) -> dict:
-    """Build one configuration, predict its largest batch, search it, record both."""
+def measure(cfg: Config, budget: int | None, limit: int, at: int | None = None) -> dict:
+    """Build one configuration, predict its largest batch, search it, record both; predict its
+    step's memory in every kind of mode at batch ``at`` (default: its own)."""
     import torch
 
     from ampsweep.engine import capacity
@@ -124,14 +142,17 @@ def measure(cfg: Config, budget: int | None, limit: int) -> dict:
         tried = ", ".join(f"{b}{'' if ok else ' (out of memory)'}" for b, ok in found.tried)
         console.console.print(f"  tried {tried}")
     row = {"name": name, "metrics": metrics, "limit_reached": found.limit_reached}
-    row["run_id"] = record(setup.cfg, name, metrics, found.tried)
+    bd = cap.breakdown(metrics, setup.cfg.precision.name, setup.cfg.trainer.batch_size)
+    row["modes"] = cap.by_mode(bd, at or bd.batch, budget) if bd is not None else []
+    row["measured"] = bd
+    row["run_id"] = record(setup.cfg, name, metrics, found.tried, row["modes"])
     del setup
     if cuda:
         torch.cuda.empty_cache()
     return row
 
 
-def record(cfg: Config, name: str, metrics: dict, tried: list) -> str | None:
+def record(cfg: Config, name: str, metrics: dict, tried: list, by_mode: list) -> str | None:
     if cfg.tracking.backend != Tracker.mlflow:
         return None
     from ampsweep.config.compose import flatten
@@ -147,15 +168,13 @@ def record(cfg: Config, name: str, metrics: dict, tried: list) -> str | None:
     recorder.log_params(flatten(cfg))
     recorder.log_metrics(metrics, 0)
     recorder.log_json({"tried": [{"batch": b, "fits": ok} for b, ok in tried]}, "capacity.json")
+    predicted = [
+        {"modes": names, "batch": bd.batch, "parts_mib": bd.parts, "max_batch": largest}
+        for names, bd, largest in by_mode
+    ]
+    recorder.log_json({"predicted": predicted}, "memory_by_mode.json")
     recorder.end(store.FINISHED)
     return recorder.run_id
-
-
-def error_pct(predicted: float | None, measured: float | None) -> float | None:
-    """How far the prediction is from the measurement, in percent of the measurement."""
-    if not predicted or not measured:
-        return None
-    return 100.0 * (predicted - measured) / measured
 
 
 def print_rows(rows: list[dict], budget: int | None) -> None:
@@ -171,7 +190,7 @@ def print_rows(rows: list[dict], budget: int | None) -> None:
         m = r["metrics"]
         measured = m.get(cap.MAX_BATCH_MEASURED)
         predicted = m.get(cap.MAX_BATCH_PREDICTED)
-        err = error_pct(predicted, measured)
+        err = cap.error_pct(predicted, measured)
         table.add_row(
             r["name"],
             "-" if measured is None else f"{measured:,.0f}" + ("+" if r["limit_reached"] else ""),
@@ -186,3 +205,47 @@ def print_rows(rows: list[dict], budget: int | None) -> None:
             console.console.print(f"recorded {r['name']} as MLflow run {r['run_id']}")
     if any(r["limit_reached"] for r in rows):
         console.note("+: every batch up to --limit fit; raise --limit to search further")
+
+
+SHORT = {"optimizer": "optim", "master_weights": "master", "autocast_cache": "cache"}
+
+
+def _mib(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+
+
+def print_modes(row: dict, budget: int | None) -> None:
+    """The step's memory of each kind of mode, part by part, predicted from ``row``'s
+    measurement, and the largest batch each fits in ``budget``."""
+    from rich import box
+    from rich.table import Table
+
+    measured = row["measured"]
+    if not row["modes"] or measured is None:
+        return
+    batch = row["modes"][0][1].batch
+    console.console.print(
+        f"{row['name']}: a training step's memory at batch {batch} in MiB, measured in "
+        f"{measured.mode} at batch {measured.batch}, predicted for the rest"
+    )
+    shown = [p for p in cap.PARTS if any(bd.parts.get(p) for _, bd, _ in row["modes"])]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    headers = ["mode", "step", *(SHORT.get(p, p) for p in shown)]
+    headers += [f"max batch in {cap.format_size(budget)}"] if budget else []
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="right" if i else "left", no_wrap=True)
+    for names, bd, largest in row["modes"]:
+        cells = [names[0], _mib(bd.total), *(_mib(bd.parts.get(p, 0.0)) for p in shown)]
+        cells += ["-" if largest is None else f"{largest:,}"] if budget else []
+        table.add_row(*cells)
+    console.console.print(table, crop=False)
+    same = "; ".join(f"{n[0]}: {', '.join(n[1:])}" for n, _, _ in row["modes"] if len(n) > 1)
+    console.note(f"the same memory as the mode shown ({same})")
+    guessed = sorted({p for _, bd, _ in row["modes"] for p in bd.estimated})
+    if guessed:
+        console.note(
+            f"{', '.join(guessed)}: estimated from the parameters (every weight copied), not "
+            f"measured in {measured.mode}: an upper bound"
+        )
+    if not measured.parts.get("other"):
+        console.note("no step peak measured: temporaries and workspace (other) are not included")

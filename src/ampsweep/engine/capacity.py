@@ -115,6 +115,11 @@ def prediction(setup: Setup, budget: float | None) -> dict[str, float]:
         setup.model, setup.optimizer, x, y, setup.policy, setup.objective, held=held
     )
     free_memory(setup)
+    # The activations at the run's batch, where the measurement gives only their slope: the
+    # bytes saved for backward beyond the batch-independent autocast cache
+    per_sample = out[capacity.BYTES_PER_SAMPLE]
+    activations = per_sample * setup.cfg.trainer.batch_size / capacity.MIB
+    out.setdefault(capacity.part_metric("activations"), activations)
     if budget:
         out[capacity.BUDGET_GIB] = budget / capacity.GIB
         model_bytes = out[capacity.MODEL_MIB] * capacity.MIB

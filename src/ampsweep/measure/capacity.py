@@ -212,6 +212,32 @@ def breakdown(metrics: dict[str, float], mode: str, batch: int) -> Breakdown | N
     return Breakdown(mode, batch, parts, per_sample)
 
 
+def memory_kinds() -> list[list[str]]:
+    """The modes grouped by what they hold in memory (the dtype of their weights and of what
+    they save, an autocast cache, fp8 copies): fp16 and bf16 under autocast hold the same."""
+    kinds: dict[tuple, list[str]] = {}
+    for m in modes.MODES.values():
+        kinds.setdefault((m.pure, m.autocast, m.half, bool(m.fp8)), []).append(m.name)
+    return list(kinds.values())
+
+
+def by_mode(
+    bd: Breakdown, batch: int, budget: float | None
+) -> list[tuple[list[str], Breakdown, int | None]]:
+    """Each kind of mode (``memory_kinds``) at ``batch``, predicted from ``bd`` (the kind of
+    its own mode is ``bd`` itself at that batch), with the largest batch it fits in ``budget``
+    bytes (None without a budget). Each kind's prediction is made for (and its list of modes
+    begins with) the measured mode, else the kind's bf16 mode, else its first."""
+    out = []
+    for names in memory_kinds():
+        bf16 = [n for n in names if modes.MODES[n].dtype == "bf16"]
+        mode = bd.mode if bd.mode in names else (bf16 or names)[0]
+        predicted = bd.at(batch, mode)
+        largest = bd.max_batch(budget, mode) if budget else None
+        out.append(([mode, *(n for n in names if n != mode)], predicted, largest))
+    return out
+
+
 def error_pct(predicted: float | None, measured: float | None) -> float | None:
     """How far a prediction is from its measurement, in percent of the measurement."""
     if not predicted or not measured:

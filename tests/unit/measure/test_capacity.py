@@ -144,3 +144,55 @@ def test_pure_bf16_keeps_bf16_parameters_gradients_and_optimizer_state():
     assert m["mem/grads_bf16_mib"] * MIB == 24960 / 2
     assert m["mem/optimizer_bf16_mib"] * MIB == 24960
     assert "mem/params_fp32_mib" not in m
+
+
+# ---------------------------------------------------------------- the step's parts, predicted
+
+FP32_STEP = {"params": 4.0, "grads": 4.0, "optimizer": 8.0, "activations": 32.0, "other": 4.0}
+
+
+def test_another_batch_grows_the_activations_by_the_slope_and_other_with_them():
+    per_sample = 2.0 * capacity.MIB  # 2 MiB a sample: 32 MiB at 16
+    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP), per_sample)
+    at64 = bd.at(64)
+    assert at64.parts["activations"] == pytest.approx(128.0)
+    assert at64.parts["other"] == pytest.approx(16.0)  # scales with the activations
+    assert at64.parts["optimizer"] == 8.0 and not at64.measured and bd.measured
+    assert at64.total == pytest.approx(4 + 4 + 8 + 128 + 16)
+
+
+def test_every_other_mode_from_the_mode_table():
+    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP), 2.0 * capacity.MIB)
+    bf16, pure, fp8 = bd.at(mode="bf16"), bd.at(mode="bf16_pure"), bd.at(mode="fp8_rowwise")
+    assert bf16.parts["params"] == 4.0 and bf16.parts["activations"] == 16.0
+    assert bf16.parts["autocast_cache"] == 2.0 and bf16.estimated == ("autocast_cache",)
+    assert pure.parts["params"] == 2.0 and pure.parts["optimizer"] == 4.0
+    assert pure.parts["autocast_cache"] == 0.0 and pure.parts["activations"] == 16.0
+    assert fp8.parts["fp8"] == 1.0 and fp8.parts["autocast_cache"] == 2.0
+    # a measured cache carries over to another autocast mode; fp32 has none
+    measured = capacity.Breakdown("bf16", 16, {**FP32_STEP, "autocast_cache": 1.5})
+    assert measured.at(mode="fp16").parts["autocast_cache"] == 1.5
+    assert measured.at(mode="fp16").estimated == ()
+    assert measured.at(mode="fp32").parts["autocast_cache"] == 0.0
+    assert measured.at(mode="fp32").parts["activations"] == 64.0
+
+
+def test_the_largest_batch_of_each_mode_for_a_budget():
+    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP), 2.0 * capacity.MIB)
+    # fp32: 16 MiB fixed + 2.25 MiB a sample (other grows with the activations, 1/8 of them)
+    assert bd.max_batch(1024 * capacity.MIB) == math.floor((1024 - 16) / 2.25)
+    assert bd.max_batch(10 * capacity.MIB) == 0
+    kinds = capacity.by_mode(bd, 64, 1024 * capacity.MIB)
+    names = {n[0]: (b, largest) for n, b, largest in kinds}
+    assert set(names) == {"fp32", "bf16", "bf16_pure", "fp8_tensorwise"}
+    assert names["bf16"][1] == math.floor((1024 - 18) / 1.125)
+    assert names["bf16_pure"][0].batch == 64
+
+
+def test_a_runs_metrics_as_its_breakdown_old_names_included():
+    old = {"mem/params_mib": 1.0, "mem/weight_copies_mib": 0.5, "mem/activation_mib": 3.5}
+    bd = capacity.breakdown(old, "bf16", 8)
+    assert bd is not None
+    assert bd.parts["autocast_cache"] == 0.5 and bd.parts["activations"] == 3.0
+    assert capacity.breakdown({"mem/activation_mib": 1.0}, "bf16", 8) is None
+    assert capacity.breakdown(old, "no_such_mode", 8) is None
