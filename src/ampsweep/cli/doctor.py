@@ -39,6 +39,7 @@ from typing import Any
 from rich.markup import escape
 
 from ampsweep import console
+from ampsweep.cli.doctor_fp8 import Fp8Gatekeeper, launch_settings
 from ampsweep.cli.prescription import (
     Prescription,
     Trial,
@@ -286,6 +287,9 @@ class Doctor:
                 f"{layers or 'its layers'} (smaller than half a unit in the weight's last place)"
             )
             return self._tried(Prescription(mode, problem, {"name": m.dtype}, note), base)
+        gate = Fp8Gatekeeper(self._load, self._precision, self.trial, say)
+        if m.fp8 and (fp8_fix := gate.prescribe(mode, t, base)):
+            return fp8_fix  # the layers fp8 cannot carry, whether or not the trial held
         if t.held(base):
             return None
         origin = t.origin
@@ -415,7 +419,7 @@ class Doctor:
         """The user's overrides for the launch, and the experiment they named (which the
         doctor's experiment includes: a command takes one experiment=)."""
         named = [o for o in self.rest if o.lstrip("+").split("=", 1)[0] == "experiment"]
-        rest = [o for o in self.rest if o not in named]
+        rest = [o for o in self.rest if o not in named] + launch_settings(self.tuning)
         return rest, named[-1].split("=", 1)[1] if named else ""
 
     def verify(self, rx: list[Prescription]) -> int:
@@ -439,4 +443,6 @@ class Doctor:
             fixed, words = verdict(runs.get(p.option), runs.get(p.mode), base, judge)
             fixed_all &= fixed
             say(f"  {p.option} ({' '.join(p.overrides)}): {words}")
+            if p.gate:
+                say(f"    {p.gate}")
         return 0 if fixed_all else 1

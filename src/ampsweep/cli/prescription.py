@@ -76,9 +76,10 @@ class Trial:
 class Prescription:
     mode: str  # the mode that failed
     problem: str  # what went wrong, with where
-    precision: dict  # the precision section of the fix: name, keep_fp32, scaler.init_scale
+    precision: dict  # the precision section of the fix: name, keep_fp32, scaler, fp8.keep_bf16
     note: str = ""  # an alternative, or a caveat
     trial: Trial | None = None  # the prescription's own trial
+    gate: str = ""  # an fp8 prescription's own numerics gate (cli.doctor_fp8), in words
 
     @property
     def option(self) -> str:
@@ -89,6 +90,8 @@ class Prescription:
         out = [f"precision={self.precision['name']}"]
         if self.precision.get("keep_fp32"):
             out.append(f"precision.keep_fp32=[{','.join(self.precision['keep_fp32'])}]")
+        if self.precision.get("fp8", {}).get("keep_bf16"):
+            out.append(f"precision.fp8.keep_bf16=[{','.join(self.precision['fp8']['keep_bf16'])}]")
         if "init_scale" in self.precision.get("scaler", {}):
             out.append(
                 f"precision.scaler.init_scale={typed(self.precision['scaler']['init_scale'])}"

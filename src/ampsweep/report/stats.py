@@ -192,6 +192,7 @@ LABELS = ("tracking.run_name",)
 # precision.fsdp.reduce_dtype=fp32,bf16 compares its values as it compares modes).
 SHOWN_PRECISION = (
     "precision.keep_fp32",
+    "precision.fp8.keep_bf16",
     "precision.fsdp.param_dtype",
     "precision.fsdp.reduce_dtype",
 )
