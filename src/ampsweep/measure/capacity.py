@@ -123,13 +123,11 @@ def _act_bytes(mode: modes.PrecisionMode) -> int:
 @dataclass(frozen=True)
 class Breakdown:
     """A training step's peak memory, part by part, in MiB, of ``mode`` at ``batch``: measured
-    by a run, or predicted from one (``measured`` False, ``source`` the measured one's name).
-    ``per_sample``: the activation bytes one more sample adds (the two-batch slope)."""
+    by a run, or predicted from one (``measured`` False)."""
 
     mode: str
     batch: int
     parts: dict[str, float]
-    per_sample: float | None = None
     measured: bool = True
     estimated: tuple[str, ...] = ()  # parts predicted without a measurement of their kind
 
@@ -137,29 +135,31 @@ class Breakdown:
     def total(self) -> float:
         return sum(self.parts.values())
 
+    @property
+    def per_sample(self) -> float:
+        """The activation bytes one sample adds."""
+        return self.parts.get("activations", 0.0) * MIB / self.batch if self.batch else 0.0
+
     def share(self, *parts: str) -> float:
         return sum(self.parts.get(p, 0.0) for p in parts) / self.total if self.total else 0.0
 
     def at(self, batch: int | None = None, mode: str | None = None) -> Breakdown:
         """The same step at another ``batch`` and in another ``mode``, not run: parameters,
         gradients and optimizer state do not grow with the batch and take their mode's dtype;
-        the activations grow by the measured bytes per sample and take the mode's compute
-        dtype; the autocast cache exists in an autocast mode only (predicted from fp32 as a
-        16-bit copy of every parameter: an upper bound, only matmul and convolution weights
-        are cast); ``other`` (temporaries, workspace) scales with the activations."""
+        the activations (what autograd saves beyond the weight copies) grow in proportion to
+        the batch and take the mode's compute dtype; the autocast cache exists in an autocast
+        mode only (predicted from fp32 as a 16-bit copy of every parameter: an upper bound,
+        only matmul and convolution weights are cast); ``other`` (temporaries, workspace)
+        scales with the activations."""
         batch = self.batch if batch is None else batch
         out = self._at_batch(batch)
         return out if mode is None or mode == self.mode else out._in_mode(mode)
 
     def _at_batch(self, batch: int) -> Breakdown:
         p = dict(self.parts)
-        act = p.get("activations", 0.0)
-        if self.per_sample is not None:
-            grown = max(0.0, act + self.per_sample * (batch - self.batch) / MIB)
-        else:
-            grown = act * batch / self.batch if self.batch else act
-        p["other"] = p.get("other", 0.0) * (grown / act if act else 1.0)
-        p["activations"] = grown
+        grow = batch / self.batch if self.batch else 1.0
+        p["activations"] = p.get("activations", 0.0) * grow
+        p["other"] = p.get("other", 0.0) * grow
         return replace(self, batch=batch, parts=p, measured=self.measured and batch == self.batch)
 
     def _in_mode(self, name: str) -> Breakdown:
@@ -182,9 +182,8 @@ class Breakdown:
         out["fp8"] = fp8 if dst.fp8 else 0.0
         out["activations"] = p.get("activations", 0.0) * acts
         out["other"] = p.get("other", 0.0) * acts
-        per_sample = None if self.per_sample is None else self.per_sample * acts
         kept = tuple(sorted(g for g in guessed if out.get(g)))
-        return Breakdown(name, self.batch, out, per_sample, measured=False, estimated=kept)
+        return Breakdown(name, self.batch, out, measured=False, estimated=kept)
 
     def max_batch(self, budget: float, mode: str | None = None) -> int | None:
         """The largest batch whose predicted step fits ``budget`` bytes in ``mode`` (default:
@@ -207,9 +206,7 @@ def breakdown(metrics: dict[str, float], mode: str, batch: int) -> Breakdown | N
         parts["autocast_cache"] = float(metrics.get(OLD_CACHE, 0.0))
     if part_metric("activations") not in metrics and SAVED in metrics:
         parts["activations"] = max(0.0, metrics[SAVED] - parts["autocast_cache"])
-    slope = metrics.get(BYTES_PER_SAMPLE)
-    per_sample = float(slope) if slope is not None and math.isfinite(slope) else None
-    return Breakdown(mode, batch, parts, per_sample)
+    return Breakdown(mode, batch, parts)
 
 
 def memory_kinds() -> list[list[str]]:

@@ -99,7 +99,7 @@ def of_row(row: Row) -> Breakdown | None:
     m = row.memory
     if not m or row.precision not in modes.MODES:
         return None
-    return Breakdown(row.precision, m["batch"], dict(m["parts"]), m.get("bytes_per_sample"))
+    return Breakdown(row.precision, m["batch"], dict(m["parts"]))
 
 
 def measured_rows(rows: Iterable[Row]) -> list[tuple[Row, Breakdown]]:
@@ -121,20 +121,39 @@ def percent(x: float) -> str:
 # ---------------------------------------------------------------- what shrinks it
 
 
+TOLERANCE = 0.10  # how far above its limit a fix's measured peak may be and still count
+
+
 @dataclass(frozen=True)
 class Fix:
-    """A config that shrinks the part that dominates: its overrides and what it is predicted
-    to hold (None where the prediction is not made: FSDP's shards)."""
+    """A config that shrinks the part that dominates: its overrides, what it is predicted to
+    hold (None where the prediction is not made: FSDP's shards) and the peak it must stay
+    under to count as a fix (``limit_of``: fp32's for a larger batch, else the mode's own)."""
 
     overrides: tuple[str, ...]
     predicted_mib: float | None
     why: str
+    limit_mib: float = 0.0
+    limit_of: str = ""
 
     @property
     def text(self) -> str:
         run = " ".join(self.overrides)
         shown = f", predicted {mib(self.predicted_mib)}" if self.predicted_mib else ""
         return f"{run} ({self.why}{shown})"
+
+    def verdict(self, measured_mib: float | None) -> tuple[bool, str]:
+        """Whether a run of the fix measured a step peak within its limit (``TOLERANCE``
+        above it allowed), in words with the prediction's error."""
+        if not is_number(measured_mib):
+            return False, "NOT verified: the run measured no step peak"
+        err = capacity.error_pct(self.predicted_mib, measured_mib)
+        against = f"predicted {mib(self.predicted_mib)}, {err:+.1f}%" if err is not None else ""
+        shown = f"step peak {mib(measured_mib)} vs {mib(self.limit_mib)} of {self.limit_of}"
+        shown += f" ({against})" if against else ""
+        if measured_mib <= self.limit_mib * (1 + TOLERANCE):
+            return True, f"fixed: {shown}"
+        return False, f"NOT fixed: {shown}"
 
 
 def pure_of(mode: modes.PrecisionMode) -> modes.PrecisionMode | None:
@@ -155,6 +174,8 @@ def fixes(base: Breakdown, amp: Breakdown) -> list[Fix]:
                 (f"precision={amp.mode}", f"{BATCH}={larger}"),
                 amp.at(larger).total,
                 f"the largest batch {amp.mode} fits in {base.mode}'s peak",
+                base.total,
+                f"{base.mode} at batch {base.batch}",
             )
         )
     if base.share(*WEIGHTS) >= DOMINANT:
@@ -165,6 +186,8 @@ def fixes(base: Breakdown, amp: Breakdown) -> list[Fix]:
                     (f"precision={pure.name}",),
                     amp.at(mode=pure.name).total,
                     f"weights, gradients and optimizer state in {pure.dtype}, no fp32 copy",
+                    amp.total,
+                    amp.mode,
                 )
             )
         out.append(
@@ -221,7 +244,7 @@ def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
     else:
         lead = ""
     shrink = "; ".join(f.text for f in fixes(ref, bd))
-    return f"{head}: {why}. " + (f"{lead[0].upper()}{lead[1:]}{shrink}." if shrink else "")
+    return f"{head}: {why}." + (f" {lead[0].upper()}{lead[1:]}{shrink}." if shrink else "")
 
 
 def cache_finding(bd: Breakdown, where: str) -> str:

@@ -151,9 +151,9 @@ def test_pure_bf16_keeps_bf16_parameters_gradients_and_optimizer_state():
 FP32_STEP = {"params": 4.0, "grads": 4.0, "optimizer": 8.0, "activations": 32.0, "other": 4.0}
 
 
-def test_another_batch_grows_the_activations_by_the_slope_and_other_with_them():
-    per_sample = 2.0 * capacity.MIB  # 2 MiB a sample: 32 MiB at 16
-    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP), per_sample)
+def test_another_batch_grows_the_activations_and_other_with_it():
+    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP))
+    assert bd.per_sample == 2.0 * capacity.MIB  # 32 MiB at 16
     at64 = bd.at(64)
     assert at64.parts["activations"] == pytest.approx(128.0)
     assert at64.parts["other"] == pytest.approx(16.0)  # scales with the activations
@@ -162,7 +162,7 @@ def test_another_batch_grows_the_activations_by_the_slope_and_other_with_them():
 
 
 def test_every_other_mode_from_the_mode_table():
-    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP), 2.0 * capacity.MIB)
+    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP))
     bf16, pure, fp8 = bd.at(mode="bf16"), bd.at(mode="bf16_pure"), bd.at(mode="fp8_rowwise")
     assert bf16.parts["params"] == 4.0 and bf16.parts["activations"] == 16.0
     assert bf16.parts["autocast_cache"] == 2.0 and bf16.estimated == ("autocast_cache",)
@@ -178,7 +178,7 @@ def test_every_other_mode_from_the_mode_table():
 
 
 def test_the_largest_batch_of_each_mode_for_a_budget():
-    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP), 2.0 * capacity.MIB)
+    bd = capacity.Breakdown("fp32", 16, dict(FP32_STEP))
     # fp32: 16 MiB fixed + 2.25 MiB a sample (other grows with the activations, 1/8 of them)
     assert bd.max_batch(1024 * capacity.MIB) == math.floor((1024 - 16) / 2.25)
     assert bd.max_batch(10 * capacity.MIB) == 0
