@@ -39,6 +39,7 @@ from typing import Any
 from rich.markup import escape
 
 from ampsweep import console
+from ampsweep.cli import doctor_memory
 from ampsweep.cli.doctor_fp8 import Fp8Gatekeeper, launch_settings
 from ampsweep.cli.prescription import (
     Prescription,
@@ -75,6 +76,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--verify", action="store_true", help="run the prescriptions as a sweep")
     p.add_argument(
+        "--memory",
+        action="store_true",
+        help="what each mode saves of a training step's peak, why, and what shrinks it "
+        "(--modes default: bf16; with --verify, each prescription run and its peak judged)",
+    )
+    p.add_argument(
         "--config-dir",
         "-cd",
         help="your config folder (also where the "
@@ -97,6 +104,8 @@ def say(text: str, bold: str = "") -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         doc = Doctor(list(args.overrides), args.config_dir, args.modes)
+        if args.memory:  # cli.doctor_memory: the memory examination, on the same config
+            return doctor_memory.run(doc, args, say)
         return doc.run(args.verify)
     except ConfigError as err:
         console.error(str(err))
