@@ -11,7 +11,7 @@ import os
 import sys
 
 from ampsweep import __version__, console
-from ampsweep.cli import capacity, doctor, repair, reproduce, ui
+from ampsweep.cli import capacity, doctor, predict, repair, reproduce, ui
 from ampsweep.config.schema import ConfigError
 from ampsweep.precision.modes import BASELINE, MODES
 from ampsweep.report import render, sweeps
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_parser(sub)
     repair.add_parser(sub)
     capacity.add_parser(sub)
+    predict.add_parser(sub)
     doctor.add_parser(sub)
     store_help = store.STORE_HELP
     rep = sub.add_parser(

@@ -122,8 +122,11 @@ def gpu_spec(name: str) -> Gpu:
     """The GPU a user names: a key of the table (``h100``), or a name as CUDA reports it
     (``NVIDIA H100 80GB HBM3``). Raises ValueError (one line, the known names) otherwise."""
     wanted = name.strip().lower().replace(" ", "").replace("_", "-")
+    for gpu in GPUS:  # keys first: the A100's two rows share a label
+        if wanted == gpu.key:
+            return gpu
     for gpu in GPUS:
-        if wanted in (gpu.key, gpu.label.lower().replace(" ", "")):
+        if wanted == gpu.label.lower().replace(" ", ""):
             return gpu
     found = lookup_peak(name)
     if found is None:
@@ -201,6 +204,7 @@ class LinearTime:
 
     forward: tuple[Kernel, ...]
     backward: tuple[Kernel, ...]
+    matmul_s: float  # of the total, in the three matmuls (the rest: fp8's casts)
 
     @property
     def forward_s(self) -> float:
@@ -233,10 +237,11 @@ def linear_times(gpu: Gpu, m: int, k: int, n: int, fmt: str) -> LinearTime:
         return matmul(gpu, a, b, c, kind, size, out)
 
     forward, backward = [mm(m, k, n)], [mm(m, n, k), mm(k, m, n)]
+    matmul_s = sum(k.seconds for k in forward + backward)
     if recipe:
         fwd_casts, bwd_casts = fp8_casts(gpu, m, k, n, recipe)
         forward, backward = fwd_casts + forward, bwd_casts + backward
-    return LinearTime(tuple(forward), tuple(backward))
+    return LinearTime(tuple(forward), tuple(backward), matmul_s)
 
 
 def fp8_casts(gpu: Gpu, m: int, k: int, n: int, recipe: str):

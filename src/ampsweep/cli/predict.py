@@ -1,0 +1,212 @@
+"""``ampsweep predict --gpu NAME [OVERRIDES]``: what each precision mode would buy this model on
+a GPU, predicted on any machine, no GPU needed.
+
+The configured model and batch (the overrides ``ampsweep train`` takes) are built on the CPU,
+one training step is traced on the meta device (``measure.trace``), and the roofline times it
+per mode on the named GPU (``measure.prediction``): each mode's step time, its speed-up against
+fp32 and TF32, the layers that take the time and what bounds each. Nothing is trained or
+recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from ampsweep import console
+from ampsweep.config.schema import ConfigError
+from ampsweep.precision.modes import BASELINE, MODES
+
+DEFAULT_GPU = "h100"
+TOP = 10
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="predict each precision mode's step time and speed-up on a GPU (no GPU needed)",
+        description="Trace one training step of the configured model and batch (Hydra "
+        "overrides, as for train) and predict, by a roofline per kernel, each precision "
+        "mode's step time and speed-up against fp32 and TF32 on the GPU named.",
+    )
+    p.add_argument(
+        "--gpu", default=DEFAULT_GPU, help=f"the GPU: h100, a100, l4, ... (default {DEFAULT_GPU})"
+    )
+    p.add_argument(
+        "--gpu-spec", metavar="FILE", help="any other GPU, described in a JSON or YAML file"
+    )
+    p.add_argument("--format", choices=["table", "json"], default="table", dest="fmt")
+    p.add_argument("--top", type=int, default=TOP, help=f"layers shown (default {TOP})")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_predict)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ampsweep.measure import roofline
+
+    try:
+        gpu = roofline.load_gpu_spec(args.gpu_spec) if args.gpu_spec else None
+        gpu = gpu or roofline.gpu_spec(args.gpu)
+        if args.top < 1:
+            raise ConfigError(f"--top {args.top}: must be >= 1, e.g. --top {TOP}")
+        cfg = plan(list(args.overrides))
+    except (ConfigError, ValueError) as err:
+        console.error(str(err))
+        return 2
+    from ampsweep.measure.prediction import predict
+
+    model = describe(cfg)
+    prediction = predict(gpu, model)
+    if args.fmt == "json":
+        sys.stdout.write(json.dumps(as_json(prediction, cfg), indent=2) + "\n")
+    else:
+        print_prediction(prediction, cfg, args.top)
+    return 0
+
+
+def plan(overrides: list[str]):
+    """The configuration as ``train`` would compose it, in fp32 on the CPU: the step is traced
+    once in fp32 and every mode's formats are applied to it. Raises ConfigError."""
+    from ampsweep.config.compose import load
+    from ampsweep.config.sweeps import is_hydra_override
+    from ampsweep.engine import components
+
+    kept = [o for o in overrides if not is_hydra_override(o)]
+    precision = [o for o in kept if o.split("=")[0].lstrip("+~") == "precision"]
+    if precision:
+        raise ConfigError(
+            f"{precision[0]}: ampsweep predict predicts every precision mode at once: drop it"
+        )
+    fixed = ["precision=fp32", "trainer.device=cpu", "trainer.compile=false", "tracking=none"]
+    return components.resolve(load([*kept, *fixed]))
+
+
+def describe(cfg):
+    """Build the model and a batch, trace one step, and say what the prediction needs."""
+    from torch import nn
+
+    from ampsweep.engine.build import build
+    from ampsweep.engine.capacity import batch_of
+    from ampsweep.engine.fp8 import plan as fp8_plan
+    from ampsweep.measure.prediction import Model
+    from ampsweep.measure.trace import trace_step
+
+    setup = build(cfg)
+    x, y = batch_of(setup, cfg.trainer.batch_size)
+    ops = trace_step(setup.model, x, y, setup.objective)
+    weights = {}
+    for name, module in setup.model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, nn.Parameter) and weight.dim() >= 2:
+            if not isinstance(module, nn.Embedding):  # a lookup: autocast casts no table
+                weights[name] = weight.numel()
+    params = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
+    optimizer = type(setup.optimizer).__name__.lower()
+    momentum = setup.optimizer.defaults.get("momentum", 0)
+    states = 2 if "adam" in optimizer else 1 if momentum else 0
+    try:
+        converted: frozenset[str] | None = frozenset(
+            fp8_plan(setup.model, x, cfg.precision.fp8, "tensorwise").converted
+        )
+    except (RuntimeError, NotImplementedError):  # the plan traces on meta, where it cannot run
+        converted = None
+    return Model(ops, weights, params, states, converted, cfg.trainer.grad_accum_steps)
+
+
+def _tf32() -> str:
+    return next(m.name for m in MODES.values() if m.tf32)
+
+
+def as_json(prediction, cfg) -> dict:
+    gpu = prediction.gpu
+    modes = {}
+    for name, m in prediction.modes.items():
+        modes[name] = {
+            "step_ms": m.step_s * 1e3,
+            "speedup_vs_fp32": prediction.speedup(name),
+            "speedup_vs_tf32": prediction.speedup(name, _tf32()),
+            "shares": prediction.shares(name),
+            "kernels": m.kernels,
+            "layers": [
+                {"name": la.name, "ms": la.seconds * 1e3, "gflop": la.flops / 1e9,
+                 "bound": la.bound, "fp8": la.fp8}
+                for la in m.top(len(m.layers))
+            ],
+        }  # fmt: skip
+    return {
+        "predicted": True,
+        "gpu": {"key": gpu.key, "label": gpu.label, "bandwidth_tbs": gpu.bandwidth,
+                "sms": gpu.sms, "tflops": {k: getattr(gpu, k) for k in
+                                           ("fp32", "tf32", "fp16", "bf16", "fp8")}},
+        "config": {"model": cfg.model.name, "dataset": cfg.dataset.name,
+                   "batch_size": cfg.trainer.batch_size},
+        "modes": modes,
+        "cannot_run": prediction.cannot,
+        "verdict": prediction.verdict(),
+    }  # fmt: skip
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:,.{max(0, 2 - math.floor(math.log10(ms)))}f}" if ms > 0 else "0"
+
+
+def print_prediction(prediction, cfg, top: int) -> None:
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console.console
+    gpu = prediction.gpu
+    out.print(
+        f"[bold]Predicted[/] (a roofline per kernel, not measured) for {escape(cfg.model.name)} "
+        f"on {escape(cfg.dataset.name)}, batch {cfg.trainer.batch_size}, on an {gpu.label} "
+        f"({gpu.bandwidth:g} TB/s, {gpu.sms} SMs)"
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("mode", "step ms", "vs fp32", "vs TF32", "GEMMs", "compute", "memory", "launch"):
+        table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
+    for name, m in prediction.modes.items():
+        shares = prediction.shares(name)
+        vs_tf32 = prediction.speedup(name, _tf32())
+        table.add_row(
+            name,
+            _ms(m.step_s),
+            f"{prediction.speedup(name):.2f}x",
+            "-" if vs_tf32 is None else f"{vs_tf32:.2f}x",
+            f"{shares['math']:.0%}",
+            *(f"{shares.get(bound, 0):.0%}" for bound in ("compute", "memory", "launch")),
+        )
+    out.print(table)
+    for name, why in prediction.cannot.items():
+        out.print(f"{name}: not predicted: {escape(why)}")
+    print_layers(prediction, top)
+    out.print(escape(prediction.verdict()))
+
+
+def print_layers(prediction, top: int) -> None:
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    base = prediction.modes[BASELINE]
+    gains = {m: prediction.speedup(m) or 0.0 for m in prediction.modes}
+    best = prediction.modes[max(gains, key=gains.__getitem__)]
+    shown = [base] if best is base else [base, best]
+    console.console.print(f"Top {top} layers by {BASELINE} time")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("layer", no_wrap=True)
+    table.add_column("GFLOP", justify="right")
+    for m in shown:
+        table.add_column(f"{m.mode} ms", justify="right")
+        table.add_column("bound")
+    for layer in base.top(top):
+        cells = [escape(layer.name), f"{layer.flops / 1e9:,.3g}"]
+        for m in shown:
+            mine = m.layers.get(layer.name)
+            fp8 = " (fp8)" if mine and mine.fp8 else ""
+            cells += ["-", ""] if mine is None else [_ms(mine.seconds), mine.bound + fp8]
+        table.add_row(*cells)
+    console.console.print(table)
