@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -257,3 +257,110 @@ def check_fp8(
     planned = plan(model, samples, cfg.precision.fp8, mode.fp8, kept)
     if not planned.converted:
         raise ConfigError(refusal(mode, cfg.model.name, planned, cfg.precision.fp8))
+
+
+# ---------------------------------------------------------------- which layers gain
+
+
+@dataclass(frozen=True)
+class LayerAdvice:
+    """One Linear layer: fp8's predicted gain against bf16 on a GPU, and the choices made."""
+
+    name: str
+    m: int  # rows of the batch (samples times tokens), the matmul's M
+    k: int  # in_features
+    n: int  # out_features
+    bf16_s: float | None  # predicted forward + backward; None: fp8 cannot take the layer
+    fp8_s: float | None
+    torchao: bool | None  # torchao's own auto-filter converts it (None: not known)
+    fp8: bool  # converted under the advice
+    why: str  # why the advice keeps it out of fp8 ("" when converted)
+
+    @property
+    def speedup(self) -> float | None:
+        return self.bf16_s / self.fp8_s if self.bf16_s and self.fp8_s else None
+
+
+@dataclass
+class FilterAdvice:
+    """Per Linear layer, whether fp8 is predicted to gain on a GPU, beside torchao's
+    auto-filter; ``override()`` is the config that keeps the losers in bf16."""
+
+    gpu: str
+    recipe: str
+    batch_size: int
+    layers: list[LayerAdvice] = field(default_factory=list)
+    given: list[str] = field(default_factory=list)  # the config's own keep_bf16 patterns
+
+    def keep_bf16(self) -> list[str]:
+        """The config's own patterns, then the layers fp8 would convert but is predicted to
+        slow down."""
+        losers = [la.name for la in self.layers if la.why.startswith("predicted")]
+        return [*self.given, *losers]
+
+    def override(self) -> str:
+        return f"precision.fp8.keep_bf16=[{','.join(self.keep_bf16())}]"
+
+    def verdict(self) -> str:
+        """In one line: how many layers are predicted to gain, and the config that follows."""
+        gaining = [la for la in self.layers if la.fp8]
+        where = f"fp8_{self.recipe} on the {self.gpu} at batch {self.batch_size}"
+        if not gaining:
+            return f"no Linear layer is predicted to gain from {where}: stay with bf16"
+        if not self.keep_bf16():
+            return f"every Linear layer fp8 takes is predicted to gain from {where}"
+        return (
+            f"{len(gaining)} of {len(self.layers)} Linear layers predicted to gain from "
+            f"{where}; the rest in bf16: {self.override()}"
+        )
+
+    def table(self) -> dict:
+        rows = [{**dataclasses.asdict(la), "speedup": la.speedup} for la in self.layers]
+        return {"gpu": self.gpu, "recipe": self.recipe, "batch_size": self.batch_size,
+                "override": self.override(), "verdict": self.verdict(),
+                "layers": rows}  # fmt: skip
+
+
+def fp8_filter(
+    planned: Conversion, gpu, batch_size: int, patterns: Sequence[str] = ()
+) -> FilterAdvice:
+    """Which of ``planned``'s Linear layers fp8 (its recipe) is predicted to speed up on
+    ``gpu`` (a ``measure.roofline.Gpu``) at ``batch_size`` samples, by the roofline of one
+    Linear's three matmuls (and fp8's casts) at the layer's M, K, N; beside torchao's
+    auto-filter's choice. ``patterns``: precision.fp8.keep_bf16 as configured (its layers are
+    judged again; the patterns are kept in the advice's override)."""
+    from ampsweep.measure.roofline import linear_times
+
+    recipe = planned.recipe or "tensorwise"
+    auto = _torchao_auto_filter(recipe)
+    advice = FilterAdvice(gpu.label, recipe, batch_size, given=list(patterns))
+    for la in planned.layers:
+        m = round(la.rows * batch_size)  # 0: never called through its forward
+        bf16 = fp8 = None
+        why = la.reason
+        if la.converted or la.reason.endswith("precision.fp8.keep_bf16"):
+            shape = (max(1, m), la.in_features, la.out_features)
+            bf16 = linear_times(gpu, *shape, "bf16").total_s
+            fp8 = linear_times(gpu, *shape, f"fp8_{recipe}").total_s
+            why = "" if fp8 < bf16 else f"predicted {bf16 / fp8:.2f}x bf16's speed in fp8"
+        theirs = None
+        if auto is not None:
+            theirs = bool(auto(nn.Linear(la.in_features, la.out_features, device="meta"), la.name))
+        advice.layers.append(
+            LayerAdvice(
+                la.name, m, la.in_features, la.out_features, bf16, fp8, theirs, not why, why
+            )
+        )
+    return advice
+
+
+def _torchao_auto_filter(recipe: str) -> Callable[[nn.Module, str], bool] | None:
+    """torchao's auto-filter for a recipe (its thresholds come from H100 measurements), or
+    None where torchao or the filter is missing: it is private in torchao 0.18
+    (``torchao.float8.float8_linear_utils._auto_filter_for_recipe``) and may move."""
+    try:
+        from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
+
+        return _auto_filter_for_recipe(recipe, filter_fqns=[])
+    except (ImportError, AttributeError, NotImplementedError, ValueError):
+        return None

@@ -3,6 +3,7 @@ advice of which layers fp8 is predicted to speed up on a named GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,48 @@ def test_an_fp8_run_records_the_layers_keep_bf16_kept(main):
     converted = [n for n, m in setup.model.named_modules() if type(m).__name__ == "Float8Linear"]
     assert converted == ["1"] == setup.fp8.converted
     assert setup.fp8.table()["layers"][1]["reason"] == "kept in bf16 by precision.fp8.keep_bf16"
+
+
+def wide_and_narrow() -> nn.Module:
+    """On the meta device: a wide 4096x8192 layer, then a narrow 8192x64 one."""
+    with torch.device("meta"):
+        return nn.Sequential(nn.Linear(64, 4096), nn.Linear(4096, 8192), nn.Linear(8192, 64),
+                             nn.Linear(64, 10))  # fmt: skip
+
+
+def test_the_filter_keeps_the_layers_predicted_to_lose_beside_torchaos_choice():
+    from ampsweep.engine.fp8 import fp8_filter
+    from ampsweep.measure.roofline import gpu_spec
+
+    planned = plan(wide_and_narrow(), torch.zeros(2, 64), Fp8Config(), "tensorwise")
+    advice = fp8_filter(planned, gpu_spec("h100"), batch_size=16384)
+    rows = {la.name: la for la in advice.layers}
+    wide, narrow = rows["1"], rows["2"]
+    assert (wide.m, wide.k, wide.n) == (16384, 4096, 8192)
+    # torchao's README measures about 1.4x at M, K, N = 4096, 8192, 16384 on an H100
+    assert wide.fp8 and wide.speedup > 1.2 and wide.why == ""
+    assert not narrow.fp8 and narrow.speedup < 1.0
+    assert narrow.why.startswith("predicted 0.") and narrow.why.endswith("x bf16's speed in fp8")
+    assert not rows["0"].fp8 and rows["0"].speedup is None  # the first layer, kept as before
+    assert rows["3"].why == "64x10: both dimensions must be divisible by 16"
+    if importlib.util.find_spec("torchao") is not None:  # its auto-filter, side by side:
+        # it reads K and N alone (tensorwise: keep out K <= 4096 with N <= 1024), so it
+        # converts the narrow 8192x64 layer too; not the 64x10 one (not divisible by 16)
+        assert wide.torchao is True and narrow.torchao is True and rows["3"].torchao is False
+    assert advice.override() == "precision.fp8.keep_bf16=[2]"
+    assert advice.verdict().startswith("1 of 4 Linear layers predicted to gain from fp8_tensorwise")
+    # the config's own patterns stay, and a layer they keep is judged again
+    given = plan(wide_and_narrow(), torch.zeros(2, 64), Fp8Config(keep_bf16=["1"]), "tensorwise")
+    again = fp8_filter(given, gpu_spec("h100"), 16384, ["1"])
+    assert again.override() == "precision.fp8.keep_bf16=[1,2]"
+    assert {la.name: la.speedup for la in again.layers}["1"] == wide.speedup
+    # at a small batch fp8's casts cost more than its matmul saves: nothing gains
+    with torch.device("meta"):
+        one = nn.Sequential(nn.Linear(4096, 8192))
+    alone = plan(one, torch.zeros(2, 4096), Fp8Config(keep_first_last=False), "tensorwise")
+    small = fp8_filter(alone, gpu_spec("h100"), batch_size=8)
+    assert small.layers[0].speedup < 1.0 and small.override() == "precision.fp8.keep_bf16=[0]"
+    assert small.verdict() == (
+        "no Linear layer is predicted to gain from fp8_tensorwise on the H100 SXM at batch 8: "
+        "stay with bf16"
+    )
