@@ -1,0 +1,42 @@
+"""cli/predict_fp8.py: what ``ampsweep predict`` shows of fp8's layer filter: per layer and
+recipe the predicted speed-up against bf16 beside torchao's choice, and the override."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ampsweep.cli.predict_fp8 import advise, as_json, print_advice
+from ampsweep.config.compose import load
+from ampsweep.measure.roofline import gpu_spec
+
+
+def model() -> nn.Module:
+    with torch.device("meta"):  # no memory: shapes only
+        return nn.Sequential(nn.Linear(64, 4096), nn.Linear(4096, 8192), nn.Linear(8192, 64),
+                             nn.Linear(64, 10))  # fmt: skip
+
+
+def test_each_fp8_recipe_has_its_rows_verdict_and_override(capsys):
+    cfg = load(["trainer.batch_size=16384"])
+    advice = advise(model(), torch.zeros(2, 64), cfg, gpu_spec("h100"))
+    assert [a.recipe for a in advice] == ["tensorwise", "rowwise"]
+    for a in advice:
+        assert a.override() == "precision.fp8.keep_bf16=[2]"  # 8192x64: predicted to lose
+    data = as_json(advice)
+    assert set(data) == {"fp8_tensorwise", "fp8_rowwise"}
+    rows = data["fp8_tensorwise"]["layers"]
+    assert [(r["name"], r["m"], r["k"], r["n"]) for r in rows][1] == ("1", 16384, 4096, 8192)
+    assert rows[1]["speedup"] > 1.2 and rows[1]["fp8"] and rows[1]["torchao"] is True
+    print_advice(advice, top=2)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "16384x4096x8192" in out and "(2 more Linear layers: --top 4)" in out
+    assert "fp8_tensorwise: 1 of 4 Linear layers predicted to gain" in out
+    assert out.endswith("the rest in bf16: precision.fp8.keep_bf16=[2]")
+
+
+def test_a_gpu_without_fp8_tensor_cores_gets_no_filter(capsys):
+    cfg = load([])
+    assert advise(model(), torch.zeros(2, 64), cfg, gpu_spec("a100")) == []
+    print_advice([], top=5)
+    assert capsys.readouterr().out == ""
