@@ -112,7 +112,9 @@ def describe(cfg):
         )
     except (RuntimeError, NotImplementedError):  # the plan traces on meta, where it cannot run
         converted = None
-    return Model(ops, weights, params, states, converted, cfg.trainer.grad_accum_steps)
+    types = {name: type(module).__name__ for name, module in setup.model.named_modules()}
+    micro = cfg.trainer.grad_accum_steps
+    return Model(ops, weights, params, states, converted, micro, types)
 
 
 def _tf32() -> str:
@@ -130,8 +132,8 @@ def as_json(prediction, cfg) -> dict:
             "shares": prediction.shares(name),
             "kernels": m.kernels,
             "layers": [
-                {"name": la.name, "ms": la.seconds * 1e3, "gflop": la.flops / 1e9,
-                 "bound": la.bound, "fp8": la.fp8}
+                {"name": la.name, "type": la.type, "ms": la.seconds * 1e3,
+                 "gflop": la.flops / 1e9, "bound": la.bound, "fp8": la.fp8}
                 for la in m.top(len(m.layers))
             ],
         }  # fmt: skip
@@ -198,12 +200,13 @@ def print_layers(prediction, top: int) -> None:
     console.console.print(f"Top {top} layers by {BASELINE} time")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("layer", no_wrap=True)
+    table.add_column("type", no_wrap=True)
     table.add_column("GFLOP", justify="right")
     for m in shown:
         table.add_column(f"{m.mode} ms", justify="right")
         table.add_column("bound")
     for layer in base.top(top):
-        cells = [escape(layer.name), f"{layer.flops / 1e9:,.3g}"]
+        cells = [escape(layer.name), escape(layer.type), f"{layer.flops / 1e9:,.3g}"]
         for m in shown:
             mine = m.layers.get(layer.name)
             fp8 = " (fp8)" if mine and mine.fp8 else ""

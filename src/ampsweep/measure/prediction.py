@@ -37,6 +37,7 @@ class Model:
     # the Linear layers an fp8 mode converts (None: unknown, the model cannot be planned)
     fp8_layers: frozenset[str] | None = frozenset()
     micro_batches: int = 1  # forward and backward passes a step (gradient accumulation)
+    types: dict[str, str] = field(default_factory=dict)  # each module's class name
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Layer:
     flops: float = 0.0
     by_bound: dict[str, float] = field(default_factory=dict)
     fp8: bool = False
+    type: str = ""  # the module's class ("Linear", "Conv2d", ...)
 
     def add(self, k: Kernel, flops: float = 0.0, times: int = 1) -> None:
         self.seconds += k.seconds * times
@@ -109,8 +111,11 @@ def predict_mode(gpu: Gpu, model: Model, mode: PrecisionMode) -> ModeTime | None
     n = model.micro_batches
 
     def add(name: str, k: Kernel, flops: float = 0.0, times: int = n) -> None:
-        layer = step.layers.setdefault(name or LOSS, Layer(name or LOSS, fp8=name in converted))
-        layer.add(k, flops, times)
+        key = name or LOSS
+        if key not in step.layers:
+            cls = model.types.get(name, "") if name else ""
+            step.layers[key] = Layer(key, fp8=name in converted, type=cls)
+        step.layers[key].add(k, flops, times)
         step.kernels += times
         if flops:
             step.math_s += k.seconds * times
