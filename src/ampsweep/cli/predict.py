@@ -55,14 +55,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as err:
         console.error(str(err))
         return 2
+    from ampsweep.cli import predict_fp8
     from ampsweep.measure.prediction import predict
 
-    model = describe(cfg)
+    try:
+        model, fp8 = describe(cfg, gpu)
+    except ConfigError as err:  # e.g. a precision.fp8.keep_bf16 name of no Linear layer
+        console.error(str(err))
+        return 2
     prediction = predict(gpu, model)
     if args.fmt == "json":
-        sys.stdout.write(json.dumps(as_json(prediction, cfg), indent=2) + "\n")
+        data = {**as_json(prediction, cfg), "fp8_filter": predict_fp8.as_json(fp8)}
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         print_prediction(prediction, cfg, args.top)
+        predict_fp8.print_advice(fp8, args.top)  # which layers fp8 is predicted to speed up
     return 0
 
 
@@ -83,10 +90,12 @@ def plan(overrides: list[str]):
     return components.resolve(load([*kept, *fixed]))
 
 
-def describe(cfg):
-    """Build the model and a batch, trace one step, and say what the prediction needs."""
+def describe(cfg, gpu):
+    """Build the model and a batch, trace one step, and say what the prediction needs; with
+    fp8's layer filter on ``gpu`` (``cli.predict_fp8``)."""
     from torch import nn
 
+    from ampsweep.cli.predict_fp8 import advise
     from ampsweep.engine.build import build
     from ampsweep.engine.capacity import batch_of
     from ampsweep.engine.fp8 import plan as fp8_plan
@@ -110,11 +119,12 @@ def describe(cfg):
         converted: frozenset[str] | None = frozenset(
             fp8_plan(setup.model, x, cfg.precision.fp8, "tensorwise").converted
         )
+        fp8 = advise(setup.model, x, cfg, gpu)
     except (RuntimeError, NotImplementedError):  # the plan traces on meta, where it cannot run
-        converted = None
+        converted, fp8 = None, []
     types = {name: type(module).__name__ for name, module in setup.model.named_modules()}
     micro = cfg.trainer.grad_accum_steps
-    return Model(ops, weights, params, states, converted, micro, types)
+    return Model(ops, weights, params, states, converted, micro, types), fp8
 
 
 def _tf32() -> str:

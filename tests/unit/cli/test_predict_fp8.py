@@ -3,6 +3,8 @@ recipe the predicted speed-up against bf16 beside torchao's choice, and the over
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import nn
 
@@ -40,3 +42,17 @@ def test_a_gpu_without_fp8_tensor_cores_gets_no_filter(capsys):
     assert advise(model(), torch.zeros(2, 64), cfg, gpu_spec("a100")) == []
     print_advice([], top=5)
     assert capsys.readouterr().out == ""
+
+
+def test_predict_carries_the_filter_in_its_json_and_refuses_a_bad_keep_bf16(main):
+    result = main("predict", "--gpu", "h100", "--format", "json", "model=mlp",
+                  "precision.fp8.keep_first_last=false")  # fmt: skip
+    assert result.code == 0, result.err
+    tensorwise = json.loads(result.out)["fp8_filter"]["fp8_tensorwise"]
+    rows = {r["name"]: r for r in tensorwise["layers"]}
+    assert list(rows) == ["1", "4", "7"] and rows["4"]["m"] == 64  # the batch's 64 samples
+    # at 64 rows fp8's casts cost more than its matmuls save: every layer it takes loses
+    assert tensorwise["override"] == "precision.fp8.keep_bf16=[1,4]"
+    assert rows["7"]["why"] == "256x10: both dimensions must be divisible by 16"
+    bad = main("predict", "--gpu", "h100", "model=mlp", "precision.fp8.keep_bf16=[fc9]")
+    assert bad.code == 2 and "precision.fp8.keep_bf16: no nn.Linear layer" in bad.err
