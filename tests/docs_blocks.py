@@ -20,7 +20,12 @@ command run there). Each block starts in that folder (``cd`` lasts to the end of
 commands in bash. ``source .venv/bin/activate`` does nothing (the suite's venv is active);
 ``pip install`` is not run, but each extra it names must be one of pyproject.toml's (the suite's
 venv has them). ``RUN_ID`` stands for the newest run of the store that is not a sweep's parent,
-``SWEEP_ID`` for the newest sweep's parent run. Each command must exit 0.
+``SWEEP_ID`` for the newest sweep's parent run. Each command must exit 0, unless the page
+claims otherwise.
+
+What a page claims of a command (``<!-- expect: prints "..." -->`` below its block), an output
+it shows (a block marked ``<!-- output -->``) and a transcript (a ``text`` block of
+``$ command`` lines, each followed by what it prints) are checked too: tests/docs_claims.py.
 """
 
 from __future__ import annotations
@@ -35,13 +40,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import docs_claims
 import tomllib
+from docs_claims import Claim, Outcome
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNABLE = {"bash": "shell", "sh": "shell", "shell": "shell", "python": "python", "py": "python"}
 # A ``file:`` marker makes a block of any language a file to write.
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 MARKER = re.compile(r"^\s*<!--\s*(?P<kind>run|skip|cwd|file)\s*:\s*(?P<value>.*?)\s*-->\s*$")
+OUTPUT = re.compile(r"^\s*<!--\s*output\s*(?::.*?)?-->\s*$")
 # The commands whose Hydra overrides a ``run:`` marker extends.
 TRAINING = {"train", "reproduce", "doctor", "capacity"}
 
@@ -55,21 +63,34 @@ def pages() -> list[Path]:
 class Block:
     page: Path
     line: int  # of the opening fence, 1-based
-    kind: str  # "shell" or "python"
+    kind: str  # "shell", "python", "transcript" ($ lines), "output" or "file"
     code: str
     overrides: list[str] = field(default_factory=list)
     skip: str | None = None
     cwd: str | None = None
     file: str | None = None
+    claims: list[Claim] = field(default_factory=list)
 
     @property
     def where(self) -> str:
         page = self.page.relative_to(REPO) if self.page.is_relative_to(REPO) else self.page
         return f"{page}:{self.line}"
 
+    def steps(self) -> list[tuple[str, str]]:
+        """The block's commands, each with the output a transcript shows after it."""
+        if self.kind != "transcript":
+            return [(line, "") for line in commands(self.code)]
+        steps: list[tuple[str, str]] = []
+        for line in self.code.splitlines():
+            if line.startswith("$ "):
+                steps.append((line[2:], ""))
+            elif steps:
+                steps[-1] = (steps[-1][0], steps[-1][1] + line + "\n")
+        return steps
+
 
 def blocks(page: Path) -> list[Block]:
-    """The runnable blocks of a page, with their markers."""
+    """The runnable blocks of a page, with their markers and claims."""
     lines = page.read_text().splitlines()
     out: list[Block] = []
     i = 0
@@ -89,19 +110,39 @@ def blocks(page: Path) -> list[Block]:
             i += 1
         i += 1
         block = Block(page, start + 1, RUNNABLE.get(lang, "file"), "\n".join(body) + "\n")
-        above = start - 1
-        while above >= 0 and (marker := MARKER.match(lines[above])):
+        _markers_above(block, lines, start - 1)
+        while i < len(lines) and (claim := _claim(block, lines[i], i + 1)):
+            block.claims.append(claim)
+            i += 1
+        if block.file is not None:
+            block.kind = "file"
+        elif block.kind == "file" and block.code.startswith("$ "):
+            block.kind = "transcript"
+        if block.kind != "file" or block.file is not None:
+            out.append(block)
+    return out
+
+
+def _markers_above(block: Block, lines: list[str], above: int) -> None:
+    while above >= 0:
+        if OUTPUT.match(lines[above]):
+            block.kind = "output"
+        elif marker := MARKER.match(lines[above]):
             kind, value = marker.group("kind"), marker.group("value")
             if kind == "run":
                 block.overrides = shlex.split(value) + block.overrides
             else:
                 setattr(block, kind, value)
-            above -= 1
-        if block.file is not None:
-            block.kind = "file"
-        if block.kind != "file" or block.file is not None:
-            out.append(block)
-    return out
+        else:
+            return
+        above -= 1
+
+
+def _claim(block: Block, line: str, number: int) -> Claim | None:
+    try:
+        return docs_claims.parse(line)
+    except ValueError as exc:
+        raise ValueError(f"{block.page}:{number}: {exc}") from None
 
 
 def commands(code: str) -> list[str]:
@@ -116,11 +157,13 @@ def extras() -> set[str]:
 
 
 class Session:
-    """One page's folder and the state its blocks share; ``run`` runs one block."""
+    """One page's folder and the state its blocks share; ``run`` runs one block and checks
+    what the page claims of it."""
 
     def __init__(self, root: Path, empty_store: Path, output: Callable[[], str]):
         self.root, self.empty_store, self.output = root, empty_store, output
         self.namespace: dict = {"__name__": "__docs__"}
+        self.printed = ""  # the output of the last block run, for an output block after it
         for folder in ("examples", "scripts"):  # what the docs name relative to a checkout
             shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
 
@@ -130,16 +173,47 @@ class Session:
             (cwd / block.file).parent.mkdir(parents=True, exist_ok=True)
             (cwd / block.file).write_text(block.code)
             return
+        if block.kind == "output":
+            if missing := docs_claims.missing_line(block.code, self.printed):
+                raise AssertionError(
+                    f"{block.where}: the output shown has {missing!r}, which the block above "
+                    f"did not print (in this order)\n{_tail(self.printed)}"
+                )
+            return
         if block.kind == "python":
-            self._python(block, cwd)
+            outcome = self._python(block, cwd)
+            self._judge(block, [c for c in block.claims if c.about(1, 1)], outcome, "")
+            self.printed = outcome.output
             return
         env: dict[str, str] = {}
-        for line in commands(block.code):
-            cwd = self._command(block, line, cwd, env)
+        steps = block.steps()
+        printed = []
+        for n, (line, shown) in enumerate(steps, 1):
+            claims = [c for c in block.claims if c.about(n, len(steps))]
+            before = self._runs(cwd) if any(c.needs_runs for c in claims) else None
+            outcome = self._command(block, line, cwd, env)
+            if before is not None:
+                outcome.runs = [r for i, r in self._runs(cwd).items() if i not in before]
+            printed.append(outcome.output)
+            self._judge(block, claims, outcome, shown)
+            cwd = outcome.cwd
+        self.printed = "".join(printed)
 
-    def _fail(self, block: Block, what: str, message: str) -> AssertionError:
-        tail = "\n".join(self.output().splitlines()[-25:])
-        return AssertionError(f"{block.where}: {what}: {message}\n{tail}")
+    def _judge(self, block: Block, claims: list[Claim], outcome: Outcome, shown: str) -> None:
+        """Fail, naming the page and line, where the command broke a claim of the page."""
+        code = next((c.code for c in claims if c.code is not None), 0)
+        failures = [] if outcome.code == code else [f"exited {outcome.code}, not {code}"]
+        for claim in claims:
+            if claim.kind != "exit" and (why := docs_claims.check(claim, outcome)):
+                failures.append(f"the page claims {claim.text!r}, but {why}")
+        if shown and (missing := docs_claims.missing_line(shown, outcome.output)):
+            failures.append(f"the page shows {missing!r} after it, which it did not print")
+        if failures:
+            ran = f" (run as: {outcome.ran})" if outcome.ran else ""
+            raise AssertionError(
+                f"{block.where}: {outcome.line}: {'; '.join(failures)}{ran}\n"
+                f"{_tail(outcome.output)}"
+            )
 
     def _store(self, cwd: Path) -> str:
         db = cwd / "outputs" / "mlflow.db"
@@ -148,14 +222,20 @@ class Session:
             shutil.copy(self.empty_store, db)
         return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{db}"
 
+    def _runs(self, cwd: Path) -> dict:
+        """Every run of the store a command run in ``cwd`` records to, by id."""
+        from ampsweep.tracking import store
+
+        client = store.client_for(self._store(cwd))
+        ids = [e.experiment_id for e in client.search_experiments()]
+        return {r.info.run_id: r for r in client.search_runs(ids, max_results=10000)}
+
     def _placeholders(self, text: str, cwd: Path) -> str:
         if "RUN_ID" not in text and "SWEEP_ID" not in text:
             return text
         from ampsweep.tracking import store
 
-        client = store.client_for(self._store(cwd))
-        ids = [e.experiment_id for e in client.search_experiments()]
-        runs = client.search_runs(ids, order_by=["attributes.start_time DESC"])
+        runs = sorted(self._runs(cwd).values(), key=lambda r: -r.info.start_time)
         sweeps = [r for r in runs if r.data.tags.get(store.SWEEP) == "true"]
         trained = [r for r in runs if r not in sweeps and store.CAPACITY not in r.data.tags]
         for name, found in (("RUN_ID", trained), ("SWEEP_ID", sweeps)):
@@ -165,7 +245,8 @@ class Session:
                 text = text.replace(name, found[0].info.run_id)
         return text
 
-    def _command(self, block: Block, line: str, cwd: Path, env: dict[str, str]) -> Path:
+    def _command(self, block: Block, line: str, cwd: Path, env: dict) -> Outcome:
+        """One command of the block, as a shell would run it; what it did."""
         line = self._placeholders(line, cwd)
         os.environ["PWD"] = str(cwd)  # what $PWD says in a shell there
         words = shlex.split(line, comments=True)
@@ -173,32 +254,33 @@ class Session:
         while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
             key, _, value = words.pop(0).partition("=")
             assigned[key] = value
+        done = Outcome(line, 0, "", cwd)
         if not words:
             env.update(assigned)
-            return cwd
+            return done
         head = words[0]
         if head == "cd":
-            return (cwd / os.path.expandvars(words[1])).resolve()
+            done.cwd = (cwd / os.path.expandvars(words[1])).resolve()
+            return done
         if head == "export":
             for word in words[1:]:
                 key, _, value = word.partition("=")
                 env[key] = os.path.expandvars(value)
-            return cwd
+            return done
         if head == "source" and words[1:] == [".venv/bin/activate"]:
-            return cwd
+            return done
         if head == "pip":
             self._pip(block, line, words)
-            return cwd
+            return done
         if head == "ampsweep" or (
             head in ("python", "python3") and words[1:3] == ["-m", "ampsweep"]
         ):
             args = words[1:] if head == "ampsweep" else words[3:]
-            self._ampsweep(
-                block, line, [os.path.expandvars(a) for a in args], cwd, {**env, **assigned}
-            )
-            return cwd
-        self._shell(block, line, cwd, {**env, **assigned})
-        return cwd
+            args = [os.path.expandvars(a) for a in args]
+            if args and args[0] in TRAINING:
+                args = [*args, *block.overrides]
+            return self._ampsweep(line, args, cwd, {**env, **assigned})
+        return self._shell(line, cwd, {**env, **assigned})
 
     def _pip(self, block: Block, line: str, words: list[str]) -> None:
         known = extras()
@@ -206,15 +288,13 @@ class Session:
             for named in re.findall(r"\[([\w,-]+)\]", word):
                 unknown = set(named.split(",")) - known
                 if unknown:
-                    raise self._fail(
-                        block, line, f"no such extra {sorted(unknown)} in pyproject.toml"
+                    raise AssertionError(
+                        f"{block.where}: {line}: no such extra {sorted(unknown)} in pyproject.toml"
                     )
 
-    def _ampsweep(self, block: Block, line: str, args: list[str], cwd: Path, env: dict) -> None:
+    def _ampsweep(self, line: str, args: list[str], cwd: Path, env: dict) -> Outcome:
         from ampsweep.cli import main as cli
 
-        if args and args[0] in TRAINING:
-            args = [*args, *block.overrides]
         self._store(cwd)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -223,7 +303,7 @@ class Session:
         try:
             code = cli.main(args)
         except SystemExit as exc:  # argparse's --help
-            code = exc.code or 0
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         finally:
             os.chdir(self.root)
             for k, v in saved.items():
@@ -231,27 +311,31 @@ class Session:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        if code != 0:
-            raise self._fail(block, line, f"exited {code} (run as: ampsweep {shlex.join(args)})")
+        return Outcome(line, code, self.output(), cwd, ran=f"ampsweep {shlex.join(args)}")
 
-    def _shell(self, block: Block, line: str, cwd: Path, env: dict) -> None:
+    def _shell(self, line: str, cwd: Path, env: dict) -> Outcome:
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         full = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO / "src"), **env}
         res = subprocess.run(
             ["bash", "-c", line], cwd=cwd, env=full, capture_output=True, text=True, timeout=300
         )
-        if res.returncode != 0:
-            raise AssertionError(
-                f"{block.where}: {line}: exited {res.returncode}\n{res.stderr[-3000:]}"
-            )
+        return Outcome(line, res.returncode, res.stdout + res.stderr, cwd)
 
-    def _python(self, block: Block, cwd: Path) -> None:
+    def _python(self, block: Block, cwd: Path) -> Outcome:
         code = self._placeholders(block.code, cwd)
         self._store(cwd)
         os.chdir(cwd)
+        self.output()
         try:
             exec(compile(code, block.where, "exec"), self.namespace)  # noqa: S102 - the docs' own code
         except Exception as exc:
-            raise self._fail(block, "python block", f"{type(exc).__name__}: {exc}") from exc
+            raise AssertionError(
+                f"{block.where}: python block: {type(exc).__name__}: {exc}\n{_tail(self.output())}"
+            ) from exc
         finally:
             os.chdir(self.root)
+        return Outcome("python block", 0, self.output(), cwd)
+
+
+def _tail(output: str) -> str:
+    return "\n".join(output.splitlines()[-25:])

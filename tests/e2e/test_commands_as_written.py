@@ -1,17 +1,21 @@
 """The docs' commands as a new user types them: every runnable block of README.md and docs/
-runs (tests/docs_blocks.py says how), and a few commands whose output the docs describe are
-checked closely (relative config paths, run folders named as documented, no resume line before
-a refusal; the one error line of a DDP config error is tests/e2e/test_ddp.py's)."""
+runs (tests/docs_blocks.py says how) and keeps what its page claims of it
+(tests/docs_claims.py); a few commands whose output the docs describe are checked closely here
+(relative config paths, run folders named as documented, no resume line before a refusal; the
+one error line of a DDP config error is tests/e2e/test_ddp.py's)."""
 
 from __future__ import annotations
 
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import docs_blocks
+import docs_claims
 import pytest
 from docs_blocks import REPO, Session
+from docs_claims import Outcome
 
 from ampsweep.cli import main as cli
 from ampsweep.tracking import store as mlflow_store
@@ -149,3 +153,118 @@ def test_reproduce_says_what_it_does_without_a_download_bar(
     out, _ = capsys.readouterr()
     assert f"reproducing run {run.info.run_id}" in out
     assert drawn and not any(drawn)  # the config was downloaded, and without a bar
+
+
+# ---------------------------------------------------------------- what the docs claim
+
+
+def test_claims_are_read_below_a_block_and_a_mistyped_one_is_refused(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- run: trainer.max_steps=2 -->\n```bash\nampsweep train -m precision=fp32,bf16\n"
+        "ampsweep report\n```\n"
+        '<!-- expect 1: trains precision.name=fp32,bf16 -->\n<!-- expect: prints "2 runs" -->\n'
+        "<!-- expect all: exit 0 -->\n\n<!-- output -->\n```text\nSweep ...\n```\n"
+    )
+    block, shown = docs_blocks.blocks(page)
+    assert [(c.which, c.kind) for c in block.claims] == [
+        ("1", "trains"),
+        ("last", "prints"),
+        ("all", "exit"),
+    ]
+    assert [c.about(2, 2) for c in block.claims] == [False, True, True]
+    assert shown.kind == "output" and shown.code == "Sweep ...\n"
+    page.write_text('```bash\nampsweep report\n```\n<!-- expect: says "2 runs" -->\n')
+    with pytest.raises(ValueError, match=r"page.md:4: not a claim: 'says \"2 runs\"'"):
+        docs_blocks.blocks(page)
+
+
+def _session(tmp_path, empty_store, capsys, text: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    session = Session(tmp_path / "run", empty_store, lambda: "".join(capsys.readouterr()))
+    return session, docs_blocks.blocks(page)
+
+
+CLAIMED = (
+    "```bash\nampsweep train --cfg job precision=fp16\nampsweep train trainer.epoch=3\n```\n"
+    '<!-- expect 1: prints "  name: fp16" -->\n<!-- expect 2: exit 2 -->\n'
+    "<!-- expect 2: records nothing -->\n"
+)
+
+
+def test_a_claim_the_command_keeps_passes_and_one_it_breaks_fails(tmp_path, empty_store, capsys):
+    session, (block,) = _session(tmp_path, empty_store, capsys, CLAIMED)
+    session.run(block)  # the config printed, the typo refused with exit 2, nothing recorded
+    broken = CLAIMED.replace("name: fp16", "name: bf16")
+    session, (block,) = _session(tmp_path / "b", empty_store, capsys, broken)
+    with pytest.raises(AssertionError, match=r"page.md:1: ampsweep train --cfg job precision=fp16"):
+        session.run(block)
+    broken = CLAIMED.replace("exit 2", "exit 1")
+    session, (block,) = _session(tmp_path / "c", empty_store, capsys, broken)
+    with pytest.raises(AssertionError, match=r"trainer.epoch=3: exited 2, not 1"):
+        session.run(block)
+
+
+TRANSCRIPT = (
+    "```text\n$ ampsweep train trainer.epoch=3\n"
+    "error: trainer.epoch=3: unknown key 'epoch': did you mean trainer.epochs?; valid keys ...\n"
+    "```\n<!-- expect all: exit 2 -->\n\n<!-- output -->\n```text\n"
+    "error: trainer.epoch=3: unknown key 'epoch': ...\n```\n"
+)
+
+
+def test_a_transcript_runs_its_commands_and_an_output_block_is_checked(
+    tmp_path, empty_store, capsys
+):
+    session, (transcript, shown) = _session(tmp_path, empty_store, capsys, TRANSCRIPT)
+    assert transcript.kind == "transcript" and shown.kind == "output"
+    session.run(transcript)
+    session.run(shown)
+    session, (transcript, shown) = _session(
+        tmp_path / "b", empty_store, capsys, TRANSCRIPT.replace("key 'epoch'", "key 'epok'")
+    )
+    with pytest.raises(AssertionError, match=r"the page shows \"error: .*'epok'.*\" after it"):
+        session.run(transcript)
+    with pytest.raises(AssertionError, match=r"page.md:8: the output shown has .*'epok'"):
+        session.run(shown)
+
+
+def test_an_output_matches_in_order_with_any_numbers_and_any_text_for_dots():
+    output = (
+        "fp32: val/acc 0.5292\n  bf16: FAILED: diverged (stopped at step 30)\n"
+        " fp16   keep_fp32=['fc2']   FINISHED    0.5320      +0.3      43,816\n"
+    )
+    shown = "fp32: val/acc 0.61\n...\nfp16 keep_fp32=['fc2'] FINISHED 0.5 -1.2 9,999\n"
+    assert docs_claims.missing_line(shown, output) is None
+    assert docs_claims.missing_line("bf16: FAILED: ... step 12)\n", output) is None
+    # a name is not a number, and the order counts
+    assert docs_claims.missing_line("keep_fp32=['fc3']\n", output) == "keep_fp32=['fc3']"
+    assert docs_claims.missing_line("bf16: FAILED\nfp32: val/acc 1\n", output) == "fp32: val/acc 1"
+
+
+def _run(seed: str, sweep: bool = False):
+    tags = {"ampsweep.sweep": "true"} if sweep else {}
+    return SimpleNamespace(data=SimpleNamespace(tags=tags, params={"trainer.seed": seed}))
+
+
+def _check(claim: str, outcome: Outcome) -> str | None:
+    return docs_claims.check(docs_claims.parse(f"<!-- expect: {claim} -->"), outcome)
+
+
+def test_the_claims_on_runs_output_and_files(tmp_path):
+    done = Outcome("ampsweep train -m", 0, "#0 a: skipped\n#1 b: skipped\n", tmp_path)
+    done.runs = [_run("3"), _run("4"), _run("3"), _run("0", sweep=True)]
+    assert _check("trains trainer.seed=3,4", done) is None  # the sweep's parent left out
+    assert _check("trains trainer.seed=3,4,5", done) == "its runs have trainer.seed=3,4"
+    assert _check("records nothing", done) == "it recorded 4 run(s)"
+    assert _check('prints 2 lines ": skipped"', done) is None
+    assert _check('prints 3 lines ": skipped"', done) == "2 line(s) of its output say it"
+    assert _check('prints no "skipped"', done) == "2 line(s) of its output say it"
+    assert _check("writes conf/experiment/doctor.yaml", done) == (
+        "conf/experiment/doctor.yaml does not exist"
+    )
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "doctor.yaml").write_text("{}")
+    assert _check("writes conf/experiment/doctor.yaml", done) is None
