@@ -143,9 +143,9 @@ def measure(cfg: Config, budget: int | None, limit: int, at: int | None = None) 
         console.console.print(f"  tried {tried}")
     row = {"name": name, "metrics": metrics, "limit_reached": found.limit_reached}
     bd = cap.breakdown(metrics, setup.cfg.precision.name, setup.cfg.trainer.batch_size)
-    row["modes"] = cap.by_mode(bd, at or bd.batch, budget) if bd is not None else []
-    row["measured"] = bd
-    row["run_id"] = record(setup.cfg, name, metrics, found.tried, row["modes"])
+    by_mode = cap.by_mode(bd, at or bd.batch, budget) if bd is not None else []
+    row["modes"], row["measured"] = by_mode, bd
+    row["run_id"] = record(setup.cfg, name, metrics, found.tried, by_mode)
     del setup
     if cuda:
         torch.cuda.empty_cache()
@@ -210,15 +210,13 @@ def print_rows(rows: list[dict], budget: int | None) -> None:
 SHORT = {"optimizer": "optim", "master_weights": "master", "autocast_cache": "cache"}
 
 
-def _mib(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
-
-
 def print_modes(row: dict, budget: int | None) -> None:
     """The step's memory of each kind of mode, part by part, predicted from ``row``'s
     measurement, and the largest batch each fits in ``budget``."""
     from rich import box
     from rich.table import Table
+
+    from ampsweep.report import memory
 
     measured = row["measured"]
     if not row["modes"] or measured is None:
@@ -235,7 +233,11 @@ def print_modes(row: dict, budget: int | None) -> None:
     for i, h in enumerate(headers):
         table.add_column(h, justify="right" if i else "left", no_wrap=True)
     for names, bd, largest in row["modes"]:
-        cells = [names[0], _mib(bd.total), *(_mib(bd.parts.get(p, 0.0)) for p in shown)]
+        cells = [
+            names[0],
+            memory.cell(bd.total),
+            *(memory.cell(bd.parts.get(p, 0.0)) for p in shown),
+        ]
         cells += ["-" if largest is None else f"{largest:,}"] if budget else []
         table.add_row(*cells)
     console.console.print(table, crop=False)

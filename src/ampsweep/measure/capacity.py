@@ -46,6 +46,7 @@ FIXED_PARTS = ("params", "grads", "optimizer", "master_weights", "autocast_cache
 # What older runs recorded: the autocast cache under its first name; all the bytes saved for
 # backward (the cache among them) where the activations alone are not recorded
 OLD_CACHE, SAVED = "mem/weight_copies_mib", "mem/activation_mib"
+AT_OPTIMIZER = "mem/step_peak_at_optimizer"  # 1.0: the peak fell in the optimizer's step
 
 MIB, GIB = 1024**2, 1024**3
 UNITS = {
@@ -130,6 +131,14 @@ class Breakdown:
     parts: dict[str, float]
     measured: bool = True
     estimated: tuple[str, ...] = ()  # parts predicted without a measurement of their kind
+    # The peak fell in the optimizer's step, after backward freed what it saved (the parts
+    # then hold no activations and ``other`` is the optimizer's temporaries); ``saved``: the
+    # activations the step saved for backward (MiB), which grow with the batch and make the
+    # peak of a large enough batch fall in backward instead, beside ``copies``, autocast's
+    # weight copies saved with them.
+    at_optimizer: bool = False
+    saved: float = 0.0
+    copies: float = 0.0
 
     @property
     def total(self) -> float:
@@ -138,7 +147,8 @@ class Breakdown:
     @property
     def per_sample(self) -> float:
         """The activation bytes one sample adds."""
-        return self.parts.get("activations", 0.0) * MIB / self.batch if self.batch else 0.0
+        grows = self.saved if self.at_optimizer else self.parts.get("activations", 0.0)
+        return grows * MIB / self.batch if self.batch else 0.0
 
     def share(self, *parts: str) -> float:
         return sum(self.parts.get(p, 0.0) for p in parts) / self.total if self.total else 0.0
@@ -158,9 +168,17 @@ class Breakdown:
     def _at_batch(self, batch: int) -> Breakdown:
         p = dict(self.parts)
         grow = batch / self.batch if self.batch else 1.0
-        p["activations"] = p.get("activations", 0.0) * grow
-        p["other"] = p.get("other", 0.0) * grow
-        return replace(self, batch=batch, parts=p, measured=self.measured and batch == self.batch)
+        saved = self.saved * grow
+        if self.at_optimizer:  # the optimizer's peak, unless backward's grows beyond it
+            held = sum(p.get(k, 0.0) for k in ("params", "grads", "optimizer", "master_weights"))
+            backward = held + p.get("fp8", 0.0) + self.copies + saved
+            if backward > self.total:
+                p = {**p, "autocast_cache": self.copies, "activations": saved, "other": 0.0}
+        else:
+            p["activations"] = p.get("activations", 0.0) * grow
+            p["other"] = p.get("other", 0.0) * grow
+        same = self.measured and batch == self.batch
+        return replace(self, batch=batch, parts=p, measured=same, saved=saved)
 
     def _in_mode(self, name: str) -> Breakdown:
         src, dst = modes.MODES[self.mode], modes.MODES[name]
@@ -181,17 +199,33 @@ class Breakdown:
             guessed.add("fp8")
         out["fp8"] = fp8 if dst.fp8 else 0.0
         out["activations"] = p.get("activations", 0.0) * acts
-        out["other"] = p.get("other", 0.0) * acts
-        kept = tuple(sorted(g for g in guessed if out.get(g)))
-        return Breakdown(name, self.batch, out, measured=False, estimated=kept)
+        # the optimizer's temporaries take its parameters' dtype; backward's, the activations'
+        out["other"] = p.get("other", 0.0) * (weights if self.at_optimizer else acts)
+        copies = 0.0
+        if self.at_optimizer:  # no cache is live in the optimizer's step; backward holds one
+            copies = out["autocast_cache"] if self.copies == 0.0 else self.copies
+            copies = copies if dst.autocast else 0.0
+            out["autocast_cache"] = 0.0
+        kept = tuple(sorted(g for g in guessed if out.get(g) or (g == "autocast_cache" and copies)))
+        saved = self.saved * acts
+        return Breakdown(name, self.batch, out, False, kept, self.at_optimizer, saved, copies)
 
     def max_batch(self, budget: float, mode: str | None = None) -> int | None:
         """The largest batch whose predicted step fits ``budget`` bytes in ``mode`` (default:
         this one): 0 when not even one sample fits; None when nothing grows with the batch."""
-        zero, one = self.at(0, mode).total * MIB, self.at(1, mode).total * MIB
-        if not one > zero:
+        bd = self.at(mode=mode)
+        if bd.at_optimizer:  # the larger of the optimizer's peak and backward's, which grows
+            if bd.total * MIB > budget:
+                return 0
+            held = ("params", "grads", "optimizer", "master_weights", "fp8")
+            zero = (sum(bd.parts.get(k, 0.0) for k in held) + bd.copies) * MIB
+            per = bd.saved * MIB / bd.batch
+        else:
+            zero = bd.at(0).total * MIB
+            per = bd.at(1).total * MIB - zero
+        if not per > 0:
             return None
-        return max(0, math.floor((budget - zero) / (one - zero)))
+        return max(0, math.floor((budget - zero) / per))
 
 
 def breakdown(metrics: dict[str, float], mode: str, batch: int) -> Breakdown | None:
@@ -204,9 +238,17 @@ def breakdown(metrics: dict[str, float], mode: str, batch: int) -> Breakdown | N
     parts = {p: float(metrics.get(part_metric(p), 0.0)) for p in PARTS}
     if part_metric("autocast_cache") not in metrics:
         parts["autocast_cache"] = float(metrics.get(OLD_CACHE, 0.0))
-    if part_metric("activations") not in metrics and SAVED in metrics:
+    at_optimizer = metrics.get(AT_OPTIMIZER) == 1.0
+    if part_metric("activations") not in metrics and SAVED in metrics and not at_optimizer:
         parts["activations"] = max(0.0, metrics[SAVED] - parts["autocast_cache"])
-    return Breakdown(mode, batch, parts)
+    # Autocast's weight copies among the saved bytes: not live at an optimizer's peak to be
+    # told apart, so taken as what they are at most, a 16-bit copy of every parameter
+    all_saved = float(metrics.get(SAVED, 0.0))
+    copies = 0.0
+    if modes.MODES[mode].autocast:
+        copies = min(all_saved, parts["params"] * 2 / _param_bytes(modes.MODES[mode]))
+    saved = all_saved - copies
+    return Breakdown(mode, batch, parts, True, (), at_optimizer, saved, copies)
 
 
 def memory_kinds() -> list[list[str]]:

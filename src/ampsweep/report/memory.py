@@ -80,6 +80,9 @@ def row_memory(run: RunData) -> dict:
         "parts": bd.parts,
         "batch": bd.batch,
         "bytes_per_sample": bd.per_sample,
+        "peak_at_optimizer": bd.at_optimizer,
+        "saved_mib": bd.saved,
+        "weight_copies_mib": bd.copies,
     }
     if run.activations_by_module:
         out["activations_by_module"] = run.activations_by_module[:TOP_MODULES]
@@ -99,7 +102,10 @@ def of_row(row: Row) -> Breakdown | None:
     m = row.memory
     if not m or row.precision not in modes.MODES:
         return None
-    return Breakdown(row.precision, m["batch"], dict(m["parts"]))
+    at_optimizer, saved = m.get("peak_at_optimizer", False), m.get("saved_mib", 0.0)
+    copies = m.get("weight_copies_mib", 0.0)
+    parts = dict(m["parts"])
+    return Breakdown(row.precision, m["batch"], parts, True, (), at_optimizer, saved, copies)
 
 
 def measured_rows(rows: Iterable[Row]) -> list[tuple[Row, Breakdown]]:
@@ -115,7 +121,7 @@ def mib(x: float) -> str:
 
 def percent(x: float) -> str:
     """A share of the peak as one says it: ``4%``, ``71%``, ``0.3%``."""
-    return f"{100 * x:.0f}%" if abs(x) >= 0.01 else f"{100 * x:.1g}%"
+    return f"{100 * x:.0f}%" if abs(x) >= 0.01 else f"{100 * x:.1f}%"
 
 
 # ---------------------------------------------------------------- what shrinks it
@@ -147,8 +153,10 @@ class Fix:
         above it allowed), in words with the prediction's error."""
         if not is_number(measured_mib):
             return False, "NOT verified: the run measured no step peak"
-        err = capacity.error_pct(self.predicted_mib, measured_mib)
-        against = f"predicted {mib(self.predicted_mib)}, {err:+.1f}%" if err is not None else ""
+        err, predicted = capacity.error_pct(self.predicted_mib, measured_mib), self.predicted_mib
+        against = (
+            f"predicted {mib(predicted)}, {err:+.1f}%" if predicted and err is not None else ""
+        )
         shown = f"step peak {mib(measured_mib)} vs {mib(self.limit_mib)} of {self.limit_of}"
         shown += f" ({against})" if against else ""
         if measured_mib <= self.limit_mib * (1 + TOLERANCE):
@@ -220,16 +228,25 @@ def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
     """``bf16 saved 4% of the step's peak against fp32 (...): the activations it halves are 9%
     of fp32's peak at batch 8; the weights, gradients and optimizer state are 71%. ...``"""
     change = 1 - bd.total / ref.total
-    verb = f"saved {percent(change)}" if change >= 0 else f"used {percent(-change)} more"
-    head = (
-        f"{bd.mode} {verb} of the step's peak against {ref.mode}{where} "
-        f"({mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch})"
-    )
+    verb = f"saved {percent(change)} of the step's peak against {ref.mode}"
+    if change < 0:
+        verb = f"used {percent(-change)} more memory than {ref.mode} at the step's peak"
+    if abs(change) < 0.005:
+        verb = f"saved nothing of the step's peak against {ref.mode}"
+    head = f"{bd.mode} {verb}{where} ({mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch})"
     act, weights = ref.share("activations", "other"), ref.share(*WEIGHTS)
     why = (
         f"the activations and the temporaries beside them are {percent(act)} of {ref.mode}'s "
         f"peak; the weights, gradients and optimizer state are {percent(weights)}"
     )
+    if ref.at_optimizer:  # nothing autocast halves is live at the peak
+        weights += ref.share("other")
+        why = (
+            f"{ref.mode}'s peak is in the optimizer's step, after backward has freed the "
+            f"activations autocast halves: the weights, gradients and optimizer state are "
+            f"{percent(ref.share(*WEIGHTS))} of it, the optimizer's temporaries "
+            f"{percent(ref.share('other'))}"
+        )
     cache = bd.parts.get("autocast_cache", 0.0) + bd.parts.get("fp8", 0.0)
     if change < 0 and cache:
         less = ref.parts.get("activations", 0.0) - bd.parts.get("activations", 0.0)
@@ -315,13 +332,18 @@ def prediction_findings(rows: list[Row], runs: list[RunData]) -> list[str]:
 # ---------------------------------------------------------------- the text report's section
 
 
+def cell(x: float) -> str:
+    """A table's MiB with the digits its size needs: ``1,234``, ``17.2``, ``0.07``."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+
+
 def table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells of the memory table: a row per mode, its peak and parts in MiB."""
     found = measured_rows(rows)
     shown = [p for p in capacity.PARTS if any(bd.parts.get(p) for _, bd in found)]
     headers = ["mode", "batch", "step peak", *(PART_NAMES[p] for p in shown)]
     body = [
-        [r.precision, str(bd.batch), f"{bd.total:,.1f}", *(f"{bd.parts[p]:,.1f}" for p in shown)]
+        [r.precision, str(bd.batch), cell(bd.total), *(cell(bd.parts[p]) for p in shown)]
         for r, bd in found
     ]
     return headers, body

@@ -124,7 +124,7 @@ def test_fp32_bytes_per_sample_and_model_memory_by_hand():
     # AdamW: exp_avg and exp_avg_sq per parameter, and a float32 step count per tensor (4)
     assert m["mem/optimizer_fp32_mib"] * MIB == 2 * params + 4 * 4
     assert m["mem/model_mib"] * MIB == 4 * params + 16
-    assert "mem/weight_copies_mib" not in m  # fp32 keeps no copies
+    assert "mem/autocast_cache_mib" not in m  # fp32 keeps no copies
     assert "mem/max_batch_predicted" not in m  # on a CPU no budget is assumed
 
 
@@ -134,7 +134,7 @@ def test_bf16_halves_the_samples_and_adds_weight_copies():
     assert m["mem/activation_bytes_per_sample"] == 128 + 128 + 128 + 8
     # autocast's bf16 copy of the second layer's weight, saved to compute the input gradient
     # whatever the batch (the first layer's is not: its input needs no gradient)
-    assert m["mem/weight_copies_bf16_mib"] * MIB == 64 * 32 * 2
+    assert m["mem/autocast_cache_bf16_mib"] * MIB == 64 * 32 * 2
     assert m["mem/params_fp32_mib"] * MIB == 24960  # the fp32 master weights stay
 
 
@@ -196,3 +196,20 @@ def test_a_runs_metrics_as_its_breakdown_old_names_included():
     assert bd.parts["autocast_cache"] == 0.5 and bd.parts["activations"] == 3.0
     assert capacity.breakdown({"mem/activation_mib": 1.0}, "bf16", 8) is None
     assert capacity.breakdown(old, "no_such_mode", 8) is None
+
+
+def test_a_peak_in_the_optimizers_step_holds_until_backwards_outgrows_it():
+    # AdamW's step: 16 MiB of weights, gradients and state, 8 MiB of its temporaries; backward
+    # saved 1 MiB of activations at batch 16 (and, in bf16, 2 MiB of weight copies)
+    metrics = {"mem/params_mib": 4.0, "mem/grads_mib": 4.0, "mem/optimizer_mib": 8.0}
+    metrics |= {"mem/other_mib": 8.0, capacity.AT_OPTIMIZER: 1.0, capacity.SAVED: 3.0}
+    bd = capacity.breakdown(metrics, "bf16", 16)
+    assert bd is not None and bd.at_optimizer and bd.copies == 2.0 and bd.saved == 1.0
+    assert bd.at(64).total == 24.0  # backward's 16 + 2 + 4 MiB: the optimizer's peak stands
+    at256 = bd.at(256)  # backward's 16 + 2 + 16 MiB outgrow it
+    assert at256.total == 34.0 and at256.parts["activations"] == 16.0
+    assert at256.parts["autocast_cache"] == 2.0 and at256.parts["other"] == 0.0
+    assert bd.max_batch(40 * capacity.MIB) == 16 * 22  # (40 - 18) MiB at 1/16 MiB a sample
+    assert bd.max_batch(20 * capacity.MIB) == 0  # the optimizer's step alone does not fit
+    pure = bd.at(mode="bf16_pure")
+    assert pure.total == 12.0 and pure.copies == 0.0  # temporaries halve with the weights

@@ -59,7 +59,7 @@ def test_weights_and_optimizer_dominate_autocast_saves_nothing_and_the_fix_is_na
     rep = report_of([fp32, bf16])
     text = "\n".join(rep.findings)
     head = next(f for f in rep.findings if f.startswith("bf16 "))
-    assert head.startswith("bf16 used 12% more of the step's peak against fp32")
+    assert head.startswith("bf16 used 12% more memory than fp32 at the step's peak")
     assert "(290 MiB vs 260 MiB at batch 2)" in head
     assert "its bf16 weight copies (32 MiB) outweigh what it saved of the activations" in head
     assert "the activations and the temporaries beside them are 1% of fp32's peak" in head
@@ -72,7 +72,29 @@ def test_weights_and_optimizer_dominate_autocast_saves_nothing_and_the_fix_is_na
     # the cache is over a tenth of bf16's peak: a finding of its own, with its fix
     assert "bf16's autocast cache holds 32 MiB of bf16 weight copies, 11% of" in text
     # the memory finding comes first among the memory findings
-    assert text.index("of the step's peak") < text.index("No mode saved activation memory")
+    assert text.index("at the step's peak") < text.index("No mode saved activation memory")
+
+
+def test_a_peak_in_the_optimizers_step_is_said_so_and_a_pure_mode_predicted_from_it():
+    # As a wide MLP at batch 2 measured it: the peak falls in AdamW's step, where backward has
+    # freed what it saved (bf16's copies of the weights among it) and the optimizer's
+    # temporaries (other) are as large as the parameters
+    fp32_step = {"params": 64.0, "grads": 64.0, "optimizer": 128.0, "other": 64.0}
+    at_opt = {capacity.AT_OPTIMIZER: 1.0}
+    fp32 = run("fp32", 2, fp32_step, **at_opt, **{capacity.SAVED: 0.06})
+    bf16 = run("bf16", 2, fp32_step, **at_opt, **{capacity.SAVED: 32.03})
+    rep = report_of([fp32, bf16])
+    head = next(f for f in rep.findings if f.startswith("bf16 "))
+    assert head.startswith("bf16 saved nothing of the step's peak against fp32 (320 MiB vs")
+    assert (
+        "fp32's peak is in the optimizer's step, after backward has freed the activations" in head
+    )
+    assert "the weights, gradients and optimizer state are 80% of it" in head
+    assert "the optimizer's temporaries 20%" in head
+    # pure bf16: weights, gradients, state and the optimizer's temporaries all halve
+    assert "precision=bf16_pure (weights, gradients and optimizer state in bf16" in head
+    assert "predicted 160 MiB" in head
+    assert rep.rows[1].memory["peak_at_optimizer"] is True
 
 
 def test_activations_dominate_autocast_halves_the_peak_and_a_larger_batch_fits():
@@ -119,7 +141,7 @@ def test_the_text_report_has_the_memory_table_and_the_baselines_top_modules():
     md = render.to_markdown(report_of([fp32, run("bf16", 512, CONV_BF16, model="cnn")]))
     section = md.split("## Memory of a training step (MiB)")[1].split("## Findings")[0]
     assert "| mode | batch | step peak | params | grads | optimizer | autocast cache |" in section
-    assert "| bf16 | 512 | 222.2 | 0.5 | 0.5 | 1.0 | 0.2 | 200.0 | 20.0 |" in section
+    assert "| bf16 | 512 | 222 | 0.50 | 0.50 | 1.0 | 0.25 | 200 | 20.0 |" in section
     assert "master weights" not in section  # no mode kept any
     assert "conv1 (Conv2d) 300 MiB, 75%" in section
 
