@@ -60,7 +60,6 @@ def print_advice(advice: list[FilterAdvice], top: int) -> None:
     for a in advice:
         table.add_column(f"{a.recipe}", justify="right", no_wrap=True)
         table.add_column("torchao")
-    table.add_column("kept out because")
     for row in layers[:top]:
         first = row[0]
         cells = [escape(first.name), f"{first.m}x{first.k}x{first.n}"]
@@ -68,11 +67,12 @@ def print_advice(advice: list[FilterAdvice], top: int) -> None:
         for la in row:
             gain = "-" if la.speedup is None else f"{la.speedup:.2f}x {'fp8' if la.fp8 else 'bf16'}"
             cells += [gain, {True: "fp8", False: "bf16", None: "-"}[la.torchao]]
-        reasons = dict.fromkeys(la.why for la in row if la.why)
-        cells.append(escape("; ".join(reasons)))
         table.add_row(*cells)
     console.console.print(table)
     if len(layers) > top:
         console.console.print(f"({len(layers) - top} more Linear layers: --top {len(layers)})")
+    out = [f"{ls[0].name}: {ls[0].why}" for ls in layers if ls[0].speedup is None]
+    if out:  # out of fp8 whatever the GPU
+        console.console.print(escape("kept out by the model or the config: " + "; ".join(out)))
     for a in advice:
-        console.console.print(escape(f"fp8_{a.recipe}: {a.verdict()}"))
+        console.console.print(escape(a.verdict()))

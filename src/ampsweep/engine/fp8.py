@@ -304,14 +304,15 @@ class FilterAdvice:
     def verdict(self) -> str:
         """In one line: how many layers are predicted to gain, and the config that follows."""
         gaining = [la for la in self.layers if la.fp8]
+        judged = [la for la in self.layers if la.speedup is not None]
         where = f"fp8_{self.recipe} on the {self.gpu} at batch {self.batch_size}"
         if not gaining:
             return f"no Linear layer is predicted to gain from {where}: stay with bf16"
         if not self.keep_bf16():
             return f"every Linear layer fp8 takes is predicted to gain from {where}"
         return (
-            f"{len(gaining)} of {len(self.layers)} Linear layers predicted to gain from "
-            f"{where}; the rest in bf16: {self.override()}"
+            f"{where}: {len(gaining)} of the {len(judged)} Linear layers fp8 can take predicted "
+            f"to gain; the others in bf16: {self.override()}"
         )
 
     def table(self) -> dict:

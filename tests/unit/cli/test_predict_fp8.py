@@ -33,8 +33,8 @@ def test_each_fp8_recipe_has_its_rows_verdict_and_override(capsys):
     print_advice(advice, top=2)
     out = " ".join(capsys.readouterr().out.split())
     assert "16384x4096x8192" in out and "(2 more Linear layers: --top 4)" in out
-    assert "fp8_tensorwise: 1 of 4 Linear layers predicted to gain" in out
-    assert out.endswith("the rest in bf16: precision.fp8.keep_bf16=[2]")
+    assert "fp8_tensorwise on the H100 SXM at batch 16384: 1 of the 2 Linear layers" in out
+    assert out.endswith("the others in bf16: precision.fp8.keep_bf16=[2]")
 
 
 def test_a_gpu_without_fp8_tensor_cores_gets_no_filter(capsys):
