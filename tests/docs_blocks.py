@@ -49,7 +49,7 @@ RUNNABLE = {"bash": "shell", "sh": "shell", "shell": "shell", "python": "python"
 # A ``file:`` marker makes a block of any language a file to write.
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 MARKER = re.compile(r"^\s*<!--\s*(?P<kind>run|skip|cwd|file)\s*:\s*(?P<value>.*?)\s*-->\s*$")
-OUTPUT = re.compile(r"^\s*<!--\s*output\s*(?::.*?)?-->\s*$")
+OUTPUT = re.compile(r"^\s*<!--\s*output\s*(?::\s*(?P<quotes>.*?))?\s*-->\s*$")
 # The commands whose Hydra overrides a ``run:`` marker extends.
 TRAINING = {"train", "reproduce", "doctor", "capacity"}
 
@@ -70,6 +70,7 @@ class Block:
     cwd: str | None = None
     file: str | None = None
     claims: list[Claim] = field(default_factory=list)
+    quotes: str | None = None  # the file an output block quotes, relative to the repository
 
     @property
     def where(self) -> str:
@@ -125,8 +126,8 @@ def blocks(page: Path) -> list[Block]:
 
 def _markers_above(block: Block, lines: list[str], above: int) -> None:
     while above >= 0:
-        if OUTPUT.match(lines[above]):
-            block.kind = "output"
+        if shown := OUTPUT.match(lines[above]):
+            block.kind, block.quotes = "output", shown.group("quotes")
         elif marker := MARKER.match(lines[above]):
             kind, value = marker.group("kind"), marker.group("value")
             if kind == "run":
@@ -174,11 +175,7 @@ class Session:
             (cwd / block.file).write_text(block.code)
             return
         if block.kind == "output":
-            if missing := docs_claims.missing_line(block.code, self.printed):
-                raise AssertionError(
-                    f"{block.where}: the output shown has {missing!r}, which the block above "
-                    f"did not print (in this order)\n{_tail(self.printed)}"
-                )
+            check_shown(block, self.printed)
             return
         if block.kind == "python":
             outcome = self._python(block, cwd)
@@ -206,7 +203,7 @@ class Session:
         for claim in claims:
             if claim.kind != "exit" and (why := docs_claims.check(claim, outcome)):
                 failures.append(f"the page claims {claim.text!r}, but {why}")
-        if shown and (missing := docs_claims.missing_line(shown, outcome.output)):
+        if shown and (missing := docs_claims.missing_line(shown, outcome.output, numbers=True)):
             failures.append(f"the page shows {missing!r} after it, which it did not print")
         if failures:
             ran = f" (run as: {outcome.ran})" if outcome.ran else ""
@@ -335,6 +332,20 @@ class Session:
         finally:
             os.chdir(self.root)
         return Outcome("python block", 0, self.output(), cwd)
+
+
+def check_shown(block: Block, printed: str) -> None:
+    """An output block: lines of what the block above printed (``printed``), or of the file
+    it quotes, with the same numbers."""
+    if block.quotes:
+        text, source = (REPO / block.quotes).read_text(), block.quotes
+    else:
+        text, source = printed, "what the block above printed"
+    if missing := docs_claims.missing_line(block.code, text, numbers=not block.quotes):
+        raise AssertionError(
+            f"{block.where}: the output shown has {missing!r}, which is not in {source} "
+            f"(in this order)\n{_tail(text)}"
+        )
 
 
 def _tail(output: str) -> str:

@@ -24,6 +24,8 @@ A block marked ``<!-- output -->`` above its fence is what the runnable block be
 printed, as a reader sees it in a terminal: each of its lines must appear in that output, in
 order, with other lines allowed between them (an abridged output); in its lines ``...``
 stands for any text and each number for any number (the figures of another machine or run).
+``<!-- output: docs/assets/demo_report.txt -->`` says the block quotes that file (relative to
+the repository) instead: its lines must be there in order, with the same numbers.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ def line_pattern(text: str, numbers: bool) -> re.Pattern:
     """TEXT as a pattern: ``...`` any text, spaces any spaces, with ``numbers`` each number
     any number."""
     parts = []
-    for i, piece in enumerate(text.strip().split("...")):
+    for i, piece in enumerate(text.split("...")):
+        piece = piece.strip()  # the spaces around "..." are part of the text it stands for
         if i:
             parts.append(".*")
         pos = 0
@@ -138,15 +141,15 @@ def _literal(text: str) -> str:
     return r"\s+".join(re.escape(word) for word in re.split(r"\s+", text)) if text else ""
 
 
-def missing_line(expected: str, output: str) -> str | None:
+def missing_line(expected: str, output: str, numbers: bool) -> str | None:
     """The first line of ``expected`` not found in ``output`` in order (see the module's
-    docstring), None when all are."""
+    docstring; with ``numbers``, each number stands for any number), None when all are."""
     lines = output.splitlines()
     pos = 0
     for want in expected.splitlines():
         if not want.strip() or want.strip() == "...":
             continue
-        pattern = line_pattern(want, numbers=True)
+        pattern = line_pattern(want, numbers)
         while pos < len(lines) and not pattern.search(lines[pos]):
             pos += 1
         if pos == len(lines):

@@ -237,11 +237,21 @@ def test_an_output_matches_in_order_with_any_numbers_and_any_text_for_dots():
         " fp16   keep_fp32=['fc2']   FINISHED    0.5320      +0.3      43,816\n"
     )
     shown = "fp32: val/acc 0.61\n...\nfp16 keep_fp32=['fc2'] FINISHED 0.5 -1.2 9,999\n"
-    assert docs_claims.missing_line(shown, output) is None
-    assert docs_claims.missing_line("bf16: FAILED: ... step 12)\n", output) is None
+    assert docs_claims.missing_line(shown, output, numbers=True) is None
+    assert docs_claims.missing_line("bf16: FAILED: ... step 12)\n", output, True) is None
     # a name is not a number, and the order counts
-    assert docs_claims.missing_line("keep_fp32=['fc3']\n", output) == "keep_fp32=['fc3']"
-    assert docs_claims.missing_line("bf16: FAILED\nfp32: val/acc 1\n", output) == "fp32: val/acc 1"
+    assert docs_claims.missing_line("keep_fp32=['fc3']\n", output, True) == "keep_fp32=['fc3']"
+    shuffled = "bf16: FAILED\nfp32: val/acc 1\n"
+    assert docs_claims.missing_line(shuffled, output, True) == "fp32: val/acc 1"
+    # a quote of a file keeps its numbers
+    assert docs_claims.missing_line("fp32: val/acc 0.61\n", output, False) == "fp32: val/acc 0.61"
+
+
+def test_a_file_the_docs_quote_holds_what_they_quote():
+    quoted = [b for p in docs_blocks.pages() for b in docs_blocks.blocks(p) if b.quotes]
+    assert any(b.page.name == "README.md" for b in quoted)  # the demo's report
+    for block in quoted:
+        docs_blocks.check_shown(block, printed="")
 
 
 def _run(seed: str, sweep: bool = False):
