@@ -61,10 +61,10 @@ LIST
   exec "$PY" - "$work" "$dry" "$out" <<'PYEOF'
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
-from ampsweep.cli.capacity import error_pct
 from ampsweep.measure import capacity as cap
 from ampsweep.tracking import store
 
@@ -167,7 +167,7 @@ latest = {run.data.tags.get(store.PRECISION): run.data.metrics for run in found}
 for mode in ("fp32", "fp16", "bf16"):
     m = latest.get(mode, {})
     predicted, measured = m.get(cap.MAX_BATCH_PREDICTED), m.get(cap.MAX_BATCH_MEASURED)
-    err = error_pct(predicted, measured)
+    err = cap.error_pct(predicted, measured)
     figure = f"ResNet-18 {mode} largest batch: predicted vs measured"
     if err is not None:
         add(
@@ -219,6 +219,45 @@ add(
 
 dev = next((rep["device"] for rep in (*r50.values(), vit) if rep), {})
 where = f"{dev.get('device_name') or dev.get('device', '?')}, torch {dev.get('torch_version', '?')}"
+
+
+# Predicted against measured: ampsweep predict's step time of each ResNet-50 mode on this GPU
+# (an H100 in the dry run, whose CPU times it cannot predict), from the fp32 run's own overrides,
+# beside the step time each mode's run measured.
+BOUNDS = ("compute", "memory", "launch")
+
+
+def predicted_rows():
+    base = run_of(r50["fp32"], "fp32")
+    if base is None:
+        return "no ResNet-50 fp32 run to take the configuration from", []
+    tags = client.get_run(base["run_id"]).data.tags
+    dropped = ("precision", "tracking", "hydra", "trainer.callbacks")
+    overrides = [o for o in tags.get(store.OVERRIDES, "").split()
+                 if not o.lstrip("+~").split("=")[0].startswith(dropped)]  # fmt: skip
+    gpu = "h100" if dry else dev.get("device_name", "?")
+    cmd = [sys.executable, "-m", "ampsweep", "predict", "--gpu", gpu, "--format", "json"]
+    done = subprocess.run([*cmd, *overrides], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"no prediction: {(done.stderr.strip().splitlines() or ['?'])[-1]}", []
+    predicted = json.loads(done.stdout)
+    rows = []
+    for mode in ("fp32", "tf32", "fp16", "bf16"):
+        guess = predicted["modes"].get(mode)
+        run = run_of(r50["fp32"], mode)
+        measured = None if run is None else run.get("step_ms")
+        err = cap.error_pct(guess and guess["step_ms"], measured)
+        rows.append((
+            mode,
+            "-" if guess is None else f"{guess['step_ms']:.2f}",
+            "-" if measured is None else f"{measured:.2f}",
+            "-" if err is None else f"{err:+.0f}%",
+            "-" if guess is None else max(BOUNDS, key=lambda b: guess["shares"].get(b, 0.0)),
+        ))  # fmt: skip
+    return predicted["verdict"], rows
+
+
+said, predicted = predicted_rows()
 title = f"gpu_day headline figures ({where})"
 if dry:
     title += ": DRY RUN on the CPU, tiny sizes, the numbers mean nothing"
@@ -230,7 +269,14 @@ lines = [
 ]
 lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
 done = [f"- {name}: {status}, {seconds} s" for name, (status, seconds) in steps.items()]
-(out / "summary.md").write_text("\n".join([f"## {title}", "", *lines, "", "Steps:", *done, ""]))
+heads5 = ("ResNet-50 mode", "predicted step ms", "measured step ms", "error", "predicted bound")
+versus = [f"| {' | '.join(cells)} |" for cells in (heads5, *predicted)]
+versus.insert(1, "|" + "---|" * len(heads5))
+if dry:
+    said += " (dry run: predicted for an H100, measured on this CPU: the error means nothing)"
+versus = ["", "### Predicted (ampsweep predict) against measured", "", said, "", *versus]
+summary = [f"## {title}", "", *lines, "", "Steps:", *done, *(versus if predicted else versus[:4])]
+(out / "summary.md").write_text("\n".join([*summary, ""]))
 (out / "headline.json").write_text(
     json.dumps(
         {
@@ -238,6 +284,7 @@ done = [f"- {name}: {status}, {seconds} s" for name, (status, seconds) in steps.
             "device": dev,
             "steps": steps,
             "table": [dict(zip(heads, cells, strict=True)) for cells in table],
+            "predicted": [dict(zip(heads5, cells, strict=True)) for cells in predicted],
         },
         indent=1,
     )
@@ -259,13 +306,14 @@ export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"  # the checkout's code,
 export PYTHONUNBUFFERED=1
 
 # Each step's time limit in seconds, estimated for an H200 (nothing here has been timed on one
-# yet): their sum is 525 s, under 9 minutes with the packing, where a command may run 10. A
+# yet): their sum is 565 s, under 10 minutes with the packing, where a command may run 10. The
+# table's step builds ResNet-50 once more, for its prediction (ampsweep predict). A
 # step past its limit is stopped (killed 10 s later if it goes on), and the next one runs.
 # Compiling is most of the time of the two steps that compile: the fp8 tests' small ViT (in 4
 # processes at once) and gpu_bench's ViT-B/16 in bf16 and fp8_tensorwise, each compiled for
 # training and again for the evaluation.
 declare -A LIMIT=([install]=45 [pytest_gpu]=70 [gpu_check]=105 [gpu_bench]=250 [doctor]=35
-                  [table]=20)
+                  [table]=60)
 # The dry run's steps are tiny, but this CPU starts a process several times slower.
 scale=1 device=cuda
 [ "$dry" != 1 ] || scale=3 device=cpu
