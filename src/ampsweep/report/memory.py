@@ -233,7 +233,7 @@ def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
         verb = f"used {percent(-change)} more memory than {ref.mode} at the step's peak"
     if abs(change) < 0.005:
         verb = f"saved nothing of the step's peak against {ref.mode}"
-    head = f"{bd.mode} {verb}{where} ({mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch})"
+    head = f"{bd.mode} {verb}{where}, {mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch}"
     act, weights = ref.share("activations", "other"), ref.share(*WEIGHTS)
     why = (
         f"the activations and the temporaries beside them are {percent(act)} of {ref.mode}'s "

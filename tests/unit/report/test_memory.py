@@ -60,7 +60,7 @@ def test_weights_and_optimizer_dominate_autocast_saves_nothing_and_the_fix_is_na
     text = "\n".join(rep.findings)
     head = next(f for f in rep.findings if f.startswith("bf16 "))
     assert head.startswith("bf16 used 12% more memory than fp32 at the step's peak")
-    assert "(290 MiB vs 260 MiB at batch 2)" in head
+    assert ", 290 MiB vs 260 MiB at batch 2:" in head
     assert "its bf16 weight copies (32 MiB) outweigh what it saved of the activations" in head
     assert "the activations and the temporaries beside them are 1% of fp32's peak" in head
     assert "the weights, gradients and optimizer state are 99%" in head
@@ -85,7 +85,7 @@ def test_a_peak_in_the_optimizers_step_is_said_so_and_a_pure_mode_predicted_from
     bf16 = run("bf16", 2, fp32_step, **at_opt, **{capacity.SAVED: 32.03})
     rep = report_of([fp32, bf16])
     head = next(f for f in rep.findings if f.startswith("bf16 "))
-    assert head.startswith("bf16 saved nothing of the step's peak against fp32 (320 MiB vs")
+    assert head.startswith("bf16 saved nothing of the step's peak against fp32, 320 MiB vs")
     assert (
         "fp32's peak is in the optimizer's step, after backward has freed the activations" in head
     )
@@ -101,7 +101,7 @@ def test_activations_dominate_autocast_halves_the_peak_and_a_larger_batch_fits()
     rep = report_of([run("fp32", 512, CONV_FP32, model="cnn"), run("bf16", 512, CONV_BF16, "cnn")])
     head = next(f for f in rep.findings if f.startswith("bf16 "))
     assert head.startswith("bf16 saved 50% of the step's peak against fp32")
-    assert "(222 MiB vs 442 MiB at batch 512)" in head
+    assert ", 222 MiB vs 442 MiB at batch 512:" in head
     assert "the activations and the temporaries beside them are 100% of fp32's peak" in head
     assert "The activations dominate, so autocast's saving is real" in head
     # bf16's step at batch b: 2.25 + 220 b / 512 MiB; fp32's peak 442 MiB: b = 1023
