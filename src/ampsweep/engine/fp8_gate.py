@@ -153,6 +153,8 @@ def measure(
     seen = _reference_step(model, batches, loss, planned.converted, device)
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(mode.fp8), emulate=emulated)
     for name in planned.converted:
+        if not seen[name]:  # no gradient reached it (its output unused by the loss)
+            continue
         linear = model.get_submodule(name)
         assert isinstance(linear, nn.Linear)  # plan converts only nn.Linear layers
         bf16 = copy.deepcopy(linear)
