@@ -32,9 +32,7 @@ import argparse
 import importlib.util
 import itertools
 import math
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from rich.markup import escape
 
@@ -46,8 +44,11 @@ from ampsweep.cli.prescription import (
     Trial,
     fp32_advice,
     precision_of,
+    standardising,
+    targets_advice,
     typed,
     verdict,
+    write_experiment,
 )
 from ampsweep.config.schema import ConfigError
 from ampsweep.precision import modes
@@ -195,9 +196,10 @@ class Doctor:
             note = f" ({p.note})" if p.note else ""
             say(f": {' '.join(p.overrides)}{note}", bold=f"  {p.mode}")
             say(f"    why: {p.problem}")
-            if p.trial is not None:
-                state = "held" if p.trial.held(base) else "still FAILS"
-                say(f"    its trial {state}: {p.trial.result(base)}")
+            if p.trial is not None:  # against fp32 on the same data
+                ref = p.reference or base
+                state = "held" if p.trial.held(ref) else "still FAILS"
+                say(f"    its trial {state}: {p.trial.result(ref)}")
         command = self.write(rx, base_cfg)
         say(f"launch it: {command}")
         if not verify:
@@ -305,7 +307,9 @@ class Doctor:
         if origin is not None and origin.cause in ("divergence", "computation"):
             console.note(f"{mode}: not the format, no precision setting fixes it: {origin.fix()}")
             return None
-        if origin is not None and origin.fix().startswith("precision.keep_fp32"):
+        if origin is not None and origin.large_targets:  # the data's fix, else the head's
+            return self._standardised(mode, t, base) or self._keep_fp32(mode, t, base)
+        if origin is not None and origin.keep():
             return self._keep_fp32(mode, t, base)
         if m.dtype == "fp16" and found.grad_underflow() > 0.001:
             scale = found.suggested_scale()
@@ -333,10 +337,8 @@ class Doctor:
         trial, problem = t, f"{t.result(base)}; {first.sentence()}"
         for _ in range(ROUNDS):
             origin = trial.origin
-            if origin is None or not origin.fix().startswith("precision.keep_fp32"):
-                break
-            name = origin.consumers[0] if origin.kind == "input_grad" else origin.module
-            if name in keep:
+            name = origin.keep() if origin is not None else ""
+            if not name or name in keep:
                 break
             keep.append(name)
             trial = self.trial(
@@ -351,6 +353,24 @@ class Doctor:
         )
         rx = Prescription(mode, problem, {"name": mode, "keep_fp32": keep}, note, trial)
         return rx
+
+    def _standardised(self, mode: str, t: Trial, base: Trial) -> Prescription | None:
+        """Standardised targets for a regression whose head overflowed with large targets,
+        tried with fp32 on the same targets (the score is then in their standard deviations);
+        None where the data set has no such setting (what to do in it is said)."""
+        cfg = self._load(["precision=fp32"])
+        data = standardising(cfg.dataset.args)
+        if not data:
+            console.note(f"{mode}: {targets_advice(cfg.dataset.name)}")
+            return None
+        assert t.origin is not None  # large_targets
+        problem = f"{t.result(base)}; {t.origin.sentence()}"
+        note = f"every run on them, fp32 too: {base.metric.name} in their standard deviations"
+        if modes.MODES[mode].dtype == "fp16":
+            note += "; or precision=bf16, which has fp32's range"
+        rx = Prescription(mode, problem, {"name": mode}, note, data=data)
+        rx.reference = self.trial("fp32", ["precision=fp32", *data])
+        return self._tried(rx, base)
 
     def _given_keep(self) -> list[str]:
         for o in self.tuning:
@@ -381,54 +401,20 @@ class Doctor:
     def write(self, rx: list[Prescription], cfg) -> str:
         """Each prescription as a precision option, all as experiment=doctor; the command
         that launches it."""
-        from omegaconf import OmegaConf
-
-        stamp = f"{datetime.now():%Y-%m-%d %H:%M}"
-        what = f"model={cfg.model.name} on dataset={cfg.dataset.name}"
-        (self.folder / "precision").mkdir(parents=True, exist_ok=True)
-        (self.folder / "experiment").mkdir(parents=True, exist_ok=True)
-        for p in rx:
-            body = {
-                "precision": p.precision,
-                "tracking": {"run_name": f"{p.option}-{cfg.model.name}-{cfg.dataset.name}"},
-            }
-            header = (
-                f"# @package _global_\n# precision={p.option}: written by ampsweep doctor "
-                f"({stamp}) for {what}\n# {p.mode}: {p.problem}\n"
-                f"# the same as: {' '.join(p.overrides)}\n"
-            )
-            text = header + OmegaConf.to_yaml(OmegaConf.create(body))
-            (self.folder / "precision" / f"{p.option}.yaml").write_text(text)
-        swept = ["fp32", *dict.fromkeys(p.mode for p in rx), *(p.option for p in rx)]
-        rest, experiment = self._launch_overrides()
-        launch = [
-            "ampsweep",
-            "train",
-            "-m",
-            "--config-dir",
-            str(self.folder),
-            f"experiment={EXPERIMENT}",
-            *rest,
-        ]
-        command = " ".join(launch)
-        sweep: dict[str, Any] = {"hydra": {"sweeper": {"params": {"precision": ",".join(swept)}}}}
-        if experiment:  # the user's experiment first, then this sweep over it
-            sweep = {"defaults": [experiment, "_self_"], **sweep}
-        header = (
-            f"# @package _global_\n# experiment={EXPERIMENT}: written by ampsweep doctor "
-            f"({stamp}) for {what}: fp32, the modes that failed and their prescriptions.\n"
-            f"# Launch: {command}\n"
-        )
-        path = self.folder / "experiment" / f"{EXPERIMENT}.yaml"
-        path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(sweep)))
+        rest, experiment = self._launch_overrides(rx)
+        path, command = write_experiment(self.folder, rx, cfg, rest, experiment, EXPERIMENT)
         say(f"written: {path} and {len(rx)} precision option(s) beside it")
         return command
 
-    def _launch_overrides(self) -> tuple[list[str], str]:
-        """The user's overrides for the launch, and the experiment they named (which the
-        doctor's experiment includes: a command takes one experiment=)."""
+    def _launch_overrides(self, rx: list[Prescription]) -> tuple[list[str], str]:
+        """The user's overrides for the launch (those of a key a prescription's data override
+        sets replaced by it), and the experiment they named (which the doctor's experiment
+        includes: a command takes one experiment=)."""
+        data = [o for p in rx for o in p.data]
+        keys = {"experiment", *(o.split("=", 1)[0] for o in data)}
         named = [o for o in self.rest if o.lstrip("+").split("=", 1)[0] == "experiment"]
-        rest = [o for o in self.rest if o not in named] + launch_settings(self.tuning)
+        rest = [o for o in self.rest if o.lstrip("+").split("=", 1)[0] not in keys]
+        rest += launch_settings(self.tuning) + data
         return rest, named[-1].split("=", 1)[1] if named else ""
 
     def verify(self, rx: list[Prescription]) -> int:
@@ -436,7 +422,7 @@ class Doctor:
         from ampsweep.runner.context import CommandContext
 
         command = CommandContext()
-        rest, _ = self._launch_overrides()
+        rest, _ = self._launch_overrides(rx)
         args = ["-m", "--config-dir", str(self.folder), f"experiment={EXPERIMENT}", *rest]
         code = cmd_train(args, command)
         runs = {precision_of(o.overrides): o for o in command.outcomes}

@@ -1,12 +1,19 @@
 """What ``ampsweep doctor`` finds and prescribes: a mode's ``Trial`` (how its training
 ended, its score against fp32's, its non-finite steps), the ``Prescription`` written for a mode
-that failed, and the ``verdict`` on a prescription's run in the verifying sweep."""
+that failed (and the experiment that verifies them all, ``write_experiment``), and the
+``verdict`` on a prescription's run in the verifying sweep.
+
+A prescription that changes the data (a regression's targets standardised) changes the score's
+unit: every run of the verifying sweep, fp32 included, trains on the changed data, and its own
+trial is compared with an fp32 trial on the same data."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ampsweep.config.score import ACCURACY, Score, of_metrics
 from ampsweep.measure.names import NONFINITE_STEPS
@@ -80,6 +87,10 @@ class Prescription:
     note: str = ""  # an alternative, or a caveat
     trial: Trial | None = None  # the prescription's own trial
     gate: str = ""  # an fp8 prescription's own numerics gate (cli.doctor_fp8), in words
+    # overrides of the data (``dataset.standardize_targets=true``) that every run of the
+    # verifying sweep takes, fp32 included, and the fp32 trial on that data (the reference)
+    data: list[str] = field(default_factory=list)
+    reference: Trial | None = None
 
     @property
     def option(self) -> str:
@@ -87,7 +98,7 @@ class Prescription:
 
     @property
     def overrides(self) -> list[str]:
-        out = [f"precision={self.precision['name']}"]
+        out = [*self.data, f"precision={self.precision['name']}"]
         if self.precision.get("keep_fp32"):
             out.append(f"precision.keep_fp32=[{','.join(self.precision['keep_fp32'])}]")
         if self.precision.get("fp8", {}).get("keep_bf16"):
@@ -148,3 +159,75 @@ def fp32_advice(origin: Origin | None) -> str:
         kind = {"divergence": "a divergence", "computation": "a broken computation"}
         return f"{kind.get(origin.cause, 'where it began')}: {origin.fix()}"
     return "lower optimizer.lr, trainer.grad_clip=1.0, ..."
+
+
+# ---------------------------------------------------------------- a regression's targets
+
+STANDARDIZE = "standardize_targets"  # a data set's setting: targets as (y - mean) / std
+
+
+def standardising(dataset_args: dict) -> list[str]:
+    """The override that standardises a regression's targets, where the data set has that
+    setting and it is off; none where it has no such setting."""
+    return [f"dataset.{STANDARDIZE}=true"] if dataset_args.get(STANDARDIZE) is False else []
+
+
+def targets_advice(dataset: str) -> str:
+    """What to do where the data set cannot standardise its targets itself."""
+    return (
+        f"dataset={dataset} has no {STANDARDIZE} setting: standardise the targets in the data "
+        "set, (y - mean) / std with the training split's mean and std (a prediction is then "
+        f"mean + std * output), or give it a {STANDARDIZE} argument, which the doctor "
+        "prescribes and verifies"
+    )
+
+
+# ---------------------------------------------------------------- the experiment
+
+
+def write_experiment(
+    folder: Path, rx: list[Prescription], cfg, rest: list[str], experiment: str, name: str
+) -> tuple[Path, str]:
+    """Each prescription as a precision option, all as ``experiment=<name>`` (over the user's
+    own ``experiment``, if any); its path and the command that launches it. A prescription's
+    data overrides go to every run of the sweep, and its failing mode, which on that data is
+    the prescription itself, is not run again."""
+    from omegaconf import OmegaConf
+
+    stamp = f"{datetime.now():%Y-%m-%d %H:%M}"
+    what = f"model={cfg.model.name} on dataset={cfg.dataset.name}"
+    (folder / "precision").mkdir(parents=True, exist_ok=True)
+    (folder / "experiment").mkdir(parents=True, exist_ok=True)
+    for p in rx:
+        body = {
+            "precision": p.precision,
+            "tracking": {"run_name": f"{p.option}-{cfg.model.name}-{cfg.dataset.name}"},
+        }
+        header = (
+            f"# @package _global_\n# precision={p.option}: written by ampsweep doctor "
+            f"({stamp}) for {what}\n# {p.mode}: {p.problem}\n"
+            f"# the same as: {' '.join(p.overrides)}\n"
+        )
+        text = header + OmegaConf.to_yaml(OmegaConf.create(body))
+        (folder / "precision" / f"{p.option}.yaml").write_text(text)
+    failing = dict.fromkeys(p.mode for p in rx if not p.data)
+    swept = ["fp32", *failing, *(p.option for p in rx)]
+    command = " ".join(
+        ["ampsweep", "train", "-m", "--config-dir", str(folder), f"experiment={name}", *rest]
+    )
+    sweep: dict[str, Any] = {"hydra": {"sweeper": {"params": {"precision": ",".join(swept)}}}}
+    data = [o for p in rx for o in p.data]
+    if data:  # on every run: the score is compared on the same targets
+        changed = OmegaConf.to_container(OmegaConf.from_dotlist(data))
+        assert isinstance(changed, dict)  # dotted keys compose a mapping
+        sweep = {**{str(k): v for k, v in changed.items()}, **sweep}
+    if experiment:  # the user's experiment first, then this sweep over it
+        sweep = {"defaults": [experiment, "_self_"], **sweep}
+    header = (
+        f"# @package _global_\n# experiment={name}: written by ampsweep doctor "
+        f"({stamp}) for {what}: fp32, the modes that failed and their prescriptions.\n"
+        f"# Launch: {command}\n"
+    )
+    path = folder / "experiment" / f"{name}.yaml"
+    path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(sweep)))
+    return path, command

@@ -16,6 +16,9 @@ with hooks on every module, and names where the value began:
   while its inputs were finite; the output is recomputed in fp32 to say what value the format
   could not hold (a forward overflow: fp16's largest value is 65504);
 * ``loss``: every module's output finite, the loss not;
+* ``output_grad``: the first non-finite value of the backward pass is the gradient the loss
+  passed back to the model's output (the model's head: a regression's large targets, or the
+  loss scale, overflow the head's half-precision output gradient);
 * ``weight_grad``: the first non-finite value of the backward pass is a parameter's gradient,
   while the gradient flowing into that module's output was finite (a backward overflow of a
   scaled gradient, or a kernel of this device);
@@ -107,7 +110,7 @@ class NonfiniteLocator:
                 if origin is None:
                     continue
                 origin.micro_batch = i
-                if scale and scale > 1 and origin.kind in ("weight_grad", "input_grad"):
+                if scale and scale > 1 and origin.kind.endswith("_grad"):
                     unscaled = replay(module, x, y, self.policy, self.objective, weight)
                     origin.unscaled_too = unscaled is not None
                 in_fp32 = self.policy.mode.autocast or self.policy.mode.pure

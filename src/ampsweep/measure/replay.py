@@ -8,211 +8,25 @@ kinds are listed in ``measure.numerics``, the training loop's locator, which cal
 the replay stays finite, the step's own gradients may still name the parameter
 (``measure.numerics.from_gradients``).
 
-An ``Origin`` also says itself: the sentence and the fix the divergence message, the run's tags
-and ``numerics/first_nonfinite.json`` carry.
+An ``Origin`` also says itself (``measure.origin``): the sentence and the fix the divergence
+message, the run's tags and ``numerics/first_nonfinite.json`` carry. The replay names the
+model's head (the innermost module whose output is the model's output) and the size of a
+regression's targets, which the origin blames where the value began at the head.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-from ampsweep.measure import names
 from ampsweep.measure.hooks import OpWatch, fp32_magnitude, hook_forward, op_name, tensors
+from ampsweep.measure.origin import Origin
 from ampsweep.precision.modes import FORMATS
 from ampsweep.precision.policy import PrecisionPolicy
 
-ARTIFACT = names.FIRST_NONFINITE_ARTIFACT
 FORMAT_OF = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-
-
-@dataclass
-class Origin:
-    """Where the first non-finite value of a run began (the kinds: ``measure.numerics``)."""
-
-    step: int  # the optimizer step (1-based)
-    kind: str  # forward | loss | weight_grad | input_grad | not_reproduced
-    module: str = ""  # the module's name in model.named_modules() ("" for the model itself)
-    module_type: str = ""
-    param: str = ""  # weight_grad: the parameter (e.g. layer4.0.conv1.weight)
-    dtype: str = ""  # the format the non-finite value was in (fp16, bf16, fp32)
-    value: float | None = None  # forward: the output's largest magnitude, recomputed in fp32
-    limit: float | None = None  # forward: the format's largest finite value
-    loss_scale: float | None = None  # the GradScaler's scale at that step (None: no scaler)
-    micro_batch: int = 0  # which micro-batch of the step (grad accumulation)
-    mode: str = ""
-    nonfinite_steps: int = 0  # non-finite steps seen in the run so far
-    consumers: list[str] = field(default_factory=list)  # input_grad: modules that took it
-    reason: str = ""  # not_hookable: why the model could not be hooked
-    # With a loss scale above 1: whether the same step was non-finite unscaled too (True: not
-    # the scale's doing, a kernel or the values themselves; None: not checked)
-    unscaled_too: bool | None = None
-    # False: a replay of the step stayed finite, so the origin was read off the step's own
-    # gradients (a kernel that is not deterministic); the parameters whose gradient was bad:
-    reproduced: bool = True
-    bad_params: list[str] = field(default_factory=list)
-    op: str = ""  # the op that made it, where known (``matmul`` inside ``attn.forward``)
-    # Precision or not: whether the same step replayed in fp32 at the same weights failed too
-    # (None: not replayed), and the growth before it ("the weights grew from 1e2 to 1e17 over
-    # 10 steps"): a divergence, which no precision setting fixes
-    fp32_too: bool | None = None
-    growth: str = ""
-    # Whether ``precision.keep_fp32=[module]`` could change anything: the mode has autocast to
-    # leave and the module does not already run in fp32
-    keepable: bool = True
-
-    @property
-    def cause(self) -> str:
-        """``divergence`` (the values grew), ``computation`` (fails in fp32 too) or
-        ``precision`` (the format: fp32 at the same weights stays finite); '' if unknown."""
-        if self.growth:
-            return "divergence"
-        if self.fp32_too:
-            return "computation"
-        return "precision" if self.fp32_too is False else ""
-
-    @property
-    def scaled_overflow(self) -> bool:
-        """Non-finite only because of the loss scale: unscaled, the step was finite."""
-        return bool(self.loss_scale and self.loss_scale > 1 and self.unscaled_too is False)
-
-    @property
-    def label(self) -> str:
-        """``layer4.0.conv1 (Conv2d)``."""
-        name = self.module or "(the model)"
-        return f"{name} ({self.module_type})" if self.module_type else name
-
-    def sentence(self) -> str:
-        """The origin in one sentence, with what most likely caused it, and whether it is the
-        format's doing."""
-        said = self._where()
-        if self.growth:
-            return f"{said}; {self.growth}: a divergence, not the format"
-        if self.fp32_too:
-            return f"{said}; it fails in fp32 too, at the same weights: not the format"
-        if self.fp32_too is False and self.kind != "loss":
-            return f"{said}; in fp32 at the same weights the step is finite: the format"
-        return said
-
-    @property
-    def _in(self) -> str:
-        """`` (its matmul)``: the op inside the module, where known and not the module's own
-        (a Linear's ``linear``)."""
-        plain = self.op.replace("_", "") == self.module_type.lower()
-        return f" (its {self.op})" if self.op and not plain else ""
-
-    def _where(self) -> str:
-        at = f"step {self.step}"
-        scale = f" at loss scale {self.loss_scale:g}" if self.loss_scale else ""
-        if self.kind == "forward":
-            held = ""
-            if self.value is not None and self.limit is not None and self.value > self.limit:
-                held = (
-                    f": it reaches {self.value:.4g} in fp32, beyond {self.dtype}'s "
-                    f"largest value {self.limit:g} (a forward overflow)"
-                )
-            elif self.value is not None and math.isfinite(self.value):
-                held = f" (in fp32 its output's largest magnitude is {self.value:.4g})"
-            return (
-                f"{at}: the first non-finite value was the {self.dtype} output of {self.label}"
-                f"{self._in}, with finite inputs{held}"
-            )
-        if self.kind == "loss":
-            return (
-                f"{at}: every module's output was finite but the loss was not: the loss "
-                "function itself overflowed or took a log of zero"
-            )
-        if self.kind == "weight_grad":
-            cause = (
-                "the scaled gradient overflowed (the scaler backs off and skips the step)"
-                if self.scaled_overflow
-                else "a backward kernel of this device produced it"
-            )
-            size = ""
-            if self.value is not None and math.isfinite(self.value):  # finite, norm overflows
-                size = f" (finite values up to {self.value:.3g}, too large for its norm)"
-            if not self.reproduced:
-                others = len(self.bad_params) - 1
-                also = f" ({others} more parameter(s) too)" if others > 0 else ""
-                return (
-                    f"{at}: the weight gradient of {self.label} ({self.param}){size}{scale} "
-                    f"was non-finite{also} while the loss was finite; a replay of the step at "
-                    "the same weights stayed finite, so a backward kernel of this device "
-                    "produced it, and not every time"
-                )
-            return (
-                f"{at}: the first non-finite value was the weight gradient of {self.label} "
-                f"({self.param}){size}{scale}, with finite input and output gradient: {cause}"
-            )
-        if self.kind == "input_grad":
-            cause = (
-                "the scaled gradient overflowed (the scaler backs off and skips the step)"
-                if self.scaled_overflow
-                else f"its backward overflowed {self.dtype} or failed"
-            )
-            return (
-                f"{at}: the first non-finite value was the gradient {self.label}{self._in} "
-                f"passed back to its input{scale}, from a finite output gradient: {cause}"
-            )
-        if self.kind == "not_hookable":
-            return f"{at}: the loss or a gradient was non-finite; not located: {self.reason}"
-        return (
-            f"{at}: the loss or a gradient was non-finite, but a replay of the step with the "
-            "same weights and inputs stayed finite (random layers such as dropout draw anew): "
-            "rerun with trainer.deterministic=true, or with model dropout off, to locate it"
-        )
-
-    def fix(self) -> str:
-        """The config change that most likely fixes it ('' when none can be named): never a
-        ``precision.keep_fp32`` that changes nothing."""
-        if self.growth:
-            return (
-                "lower optimizer.lr, warm it up (optimizer.warmup_steps), or clip the "
-                "gradients (trainer.grad_clip=1.0)"
-            )
-        if self.fp32_too and self.module and self.kind != "loss":
-            part = "backward" if self.kind in ("weight_grad", "input_grad") else "forward"
-            return f"fix the {part} of {self.module}{self._in} (no precision setting changes it)"
-        if self.kind not in ("forward", "weight_grad", "input_grad") or not self.module:
-            if self.kind == "loss":
-                return "check the loss for log(0) or division by zero on these targets"
-            return ""
-        if not self.keepable:
-            return ""
-        target = self.consumers[0] if self.kind == "input_grad" and self.consumers else self.module
-        keep = f"precision.keep_fp32=[{target}]"
-        if self.kind == "forward" and self.dtype == "fp16":
-            return f"{keep}, or precision=bf16 (fp32's range)"
-        if self.kind in ("weight_grad", "input_grad") and self.scaled_overflow:
-            return f"{keep} if it keeps happening (the scaler backs off from occasional ones)"
-        return keep
-
-    def tags(self) -> dict[str, str]:
-        """What the run records of it (MLflow tags)."""
-        return {
-            names.NONFINITE_STEP: str(self.step),
-            names.NONFINITE_KIND: self.kind,
-            names.NONFINITE_MODULE: self.module,
-            names.NONFINITE_WHERE: self.sentence()[:4000],
-            names.NONFINITE_FIX: self.fix(),
-            names.NONFINITE_CAUSE: self.cause,
-        }
-
-    def write(self, folder: Path) -> Path:
-        path = folder / Path(ARTIFACT).name
-        path.write_text(
-            json.dumps(
-                {**asdict(self), "sentence": self.sentence(), "fix": self.fix()}
-                | {"cause": self.cause},
-                indent=2,
-            )
-        )
-        return path
 
 
 # ---------------------------------------------------------------- the replay
@@ -246,6 +60,7 @@ class _Call:
     inputs_finite: bool
     output_finite: bool
     output_dtype: torch.dtype | None
+    outputs: list[torch.Tensor]  # held while the replay runs: the head is told by identity
     value: float | None = None
 
 
@@ -296,7 +111,8 @@ def replay(
     def forward_hook(mod, args, kwargs, out):
         name = names.get(id(mod), "")
         ins, outs = tensors((args, kwargs)), tensors(out)
-        call = _Call(name, mod, _finite(ins), _finite(outs), outs[0].dtype if outs else None)
+        dtype = outs[0].dtype if outs else None
+        call = _Call(name, mod, _finite(ins), _finite(outs), dtype, outs)
         calls.append(call)
         _claim(owner, name, outs, ins)
         if call.inputs_finite and not call.output_finite:
@@ -315,18 +131,38 @@ def replay(
             with autocast, ops:
                 out = torch.func.functional_call(module, {**params, **buffers}, (x,))
                 loss = objective(out, y)
+            head = _head(calls, out)
             origin = _forward_origin(calls, loss, first_op[0] if first_op else None)
-            if origin is not None:
-                return origin
-            wanted = [p for p in params.values() if p.requires_grad]
-            if not wanted or not loss.requires_grad:
-                return None
-            first = _watch_backward(loss)
-            torch.autograd.grad(loss * loss_weight, wanted, allow_unused=True)
+            if origin is None:
+                wanted = [p for p in params.values() if p.requires_grad]
+                if not wanted or not loss.requires_grad:
+                    return None
+                first = _watch_backward(loss)
+                torch.autograd.grad(loss * loss_weight, wanted, allow_unused=True)
+                origin = _backward_origin(first, owner, calls, params, head)
     finally:
         for h in handles:
             h.remove()
-    return _backward_origin(first, owner, calls, params)
+    if origin is not None:
+        origin.head, origin.targets = head, _targets(y)
+    return origin
+
+
+def _head(calls: list[_Call], out) -> str:
+    """The innermost module whose output is the model's output (its last layer: calls finish
+    innermost first), '' when the model changes that output itself."""
+    model_out = tensors(out)
+    for call in calls:
+        if call.name and any(o is t for o in call.outputs for t in model_out):
+            return call.name
+    return ""
+
+
+def _targets(y) -> float | None:
+    """The largest magnitude of float targets (a regression's), else None."""
+    if isinstance(y, torch.Tensor) and y.is_floating_point() and y.numel():
+        return float(y.detach().abs().max())
+    return None
 
 
 def _claim(owner: dict, name: str, outs, ins) -> None:
@@ -396,9 +232,13 @@ def _forward_origin(calls: list[_Call], loss: torch.Tensor, op: _FirstOp | None)
     return None
 
 
-def _backward_origin(first: list, owner: dict, calls: list[_Call], params: dict) -> Origin | None:
+def _backward_origin(
+    first: list, owner: dict, calls: list[_Call], params: dict, head: str
+) -> Origin | None:
     """The node whose backward first made an unsound gradient: a parameter's gradient (through
-    casts and views) is the module's weight gradient, else the gradient it passed back."""
+    casts and views) is the module's weight gradient; a node no module made is the loss's, so
+    the gradient it passed back is the model's output's (``output_grad``, at the head); else
+    the gradient a module passed back to its input."""
     if not first:
         return None
     node, index, grad = first[0]
@@ -416,7 +256,9 @@ def _backward_origin(first: list, owner: dict, calls: list[_Call], params: dict)
             0, "weight_grad", name, types.get(name, ""), param=pname, dtype=dtype,
             value=absmax(grad), op=_node_op(node),
         )  # fmt: skip
-    name = owner.get(node, "")
+    if node not in owner:  # the loss's own backward (or its cast of the model's output)
+        return Origin(0, "output_grad", head, types.get(head, ""), dtype=dtype, op=_node_op(node))
+    name = owner[node]
     return Origin(
         0, "input_grad", name, types.get(name, ""), dtype=dtype, consumers=[name],
         op=_node_op(node),

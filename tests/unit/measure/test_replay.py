@@ -183,3 +183,48 @@ def test_an_origin_prescribes_keep_fp32_only_where_it_changes_something():
     assert origin.cause == origin.tags()["numerics.nonfinite_cause"] == "divergence"
     assert origin.sentence().endswith("over 10 step(s): a divergence, not the format")
     assert origin.fix().startswith("lower optimizer.lr") and "keep_fp32" not in origin.fix()
+
+
+def regress(model: nn.Module, y: torch.Tensor, weight: float = 1.0):
+    """The replay of one fp16 step of a regression (MSE on the fp32 output, as its task)."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    policy = build_policy(PrecisionConfig(name="fp16"), CPU)
+    mse = lambda out, y: nn.functional.mse_loss(out.float(), y)  # noqa: E731
+    return replay(model, x, y, policy, mse, weight)
+
+
+def head_net(bias: float = 0.0) -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    nn.init.constant_(model[2].bias, bias)
+    return model
+
+
+def test_large_regression_targets_overflowing_the_heads_gradient_are_blamed():
+    # 2 * 3e5 / 8 outputs: the gradient of the head's output is past 65504 even unscaled
+    origin = regress(head_net(), torch.full((8, 1), 3e5))
+    assert (origin.kind, origin.module, origin.head, origin.dtype) == (
+        "output_grad", "2", "2", "fp16")  # fmt: skip
+    assert origin.targets == 3e5 and origin.large_targets
+    said = origin.sentence()
+    head = "2 (Linear, the model's head)"
+    assert f"the gradient the loss passed back to the fp16 output of {head}" in said
+    assert "the targets reach 3e+05: the head's output and the gradient" in said
+    assert origin.fix().startswith("standardise the targets, (y - mean) / std")
+    assert origin.fix().endswith("or precision=bf16 (fp32's range)")
+
+
+def test_a_heads_forward_overflow_names_the_head_and_its_targets():
+    origin = regress(head_net(bias=2e5), torch.full((8, 1), 2.5e5))
+    assert (origin.kind, origin.module, origin.head) == ("forward", "2", "2")
+    said = origin.sentence()
+    assert "the fp16 output of 2 (Linear, the model's head), with finite inputs: it reaches" in said
+    assert "the targets reach 2.5e+05" in said and origin.fix().startswith("standardise")
+
+
+def test_standardised_targets_leave_the_head_to_keep_fp32():
+    # targets of a few units: a scale of 2^24 overflows the head's output gradient, not them
+    origin = regress(head_net(), torch.randn(8, 1), weight=2.0**24)
+    assert (origin.kind, origin.module, origin.head) == ("output_grad", "2", "2")
+    assert not origin.large_targets and "the targets reach" not in origin.sentence()
+    assert origin.keep() == "2" and origin.fix() == "precision.keep_fp32=[2]"

@@ -131,11 +131,12 @@ def load_target(cfg: DatasetConfig, builder: Builder, task: str) -> Splits:
     size = (len(items[0]) + len(items[1])) * math.prod(shape) * 4
     preload = Preload(cfg.preload) != Preload.false and size <= PRELOAD_MAX_BYTES
     splits = [materialise(s) for s in items] if preload else items
-    if stated is None and task in ("regression", "binary", "multilabel"):
+    numbers = task in ("regression", "binary", "multilabel")  # targets, not class indices
+    if stated is None and numbers:
         stated = max(1, first[0][1].numel())  # the model's outputs: one per target value
     if stated is None:
         stated = 1 + max(int(_labels(s).max()) for s in splits)
-    elif preload:
+    elif preload and not numbers:
         top = max(int(_labels(s).max()) for s in splits)
         if top >= stated:
             raise ConfigError(

@@ -98,3 +98,14 @@ def test_text_needs_token_ids_and_the_next_tokens_as_targets():
         load("pairs", "language_modeling")  # float inputs
     with pytest.raises(ConfigError, match="needs the next tokens as the label"):
         load("int_labels", "language_modeling")
+
+
+def prices(n: int = 20):
+    """Float targets in the thousands (a regression's), no stated number of outputs."""
+    return [(np.full(3, float(i), dtype=np.float32), np.float32([1000.0 * i])) for i in range(n)]
+
+
+def test_regression_targets_are_numbers_however_large_not_class_indices():
+    s = load("prices", "regression")
+    assert s.num_classes == 1 and s.in_memory  # one output per target value
+    assert float(torch.cat([s.train[1], s.val[1]]).max()) == 19000.0
