@@ -19,6 +19,7 @@ import torch
 from callbacks import signal_at_step
 from conftest import EXACT, REPO, all_runs, callback_env, run_cli
 
+from ampsweep.measure import step_peak
 from ampsweep.tracking import store
 
 # Runs the named scenario of this file's SCENARIOS on every rank and saves what it returns.
@@ -206,10 +207,15 @@ def test_fsdp_trains_as_ddp_does_and_its_precision_policy_runs(tmp_path):
     assert fp8["losses"][-1] < fp8["losses"][0]
     fp16 = r0["cnn-fp16"]
     assert fp16["summary"]["amp/loss_scale"] > 0 and all(math.isfinite(x) for x in fp16["losses"])
-    # What a rank holds under FSDP: half the parameters of the whole model (two ranks)
+    # What a rank holds under FSDP: half the parameters of the whole model (two ranks), and
+    # the parameters it gathers apart; its step's peak in parts, as every run's
     whole, per_rank = r0["cnn-ddp"]["summary"], r0["cnn-fsdp"]["summary"]
-    assert per_rank["mem/params_mib"] == pytest.approx(whole["mem/params_mib"] / 2, rel=0.05)
-    assert per_rank["mem/gathered_mib"] > 0
+    half = whole["mem/params_mib"] / 2  # DDP: every rank holds all of them
+    assert per_rank["mem/params_sharded_mib"] == pytest.approx(half, rel=0.05)
+    assert per_rank["mem/params_gathered_mib"] > 0
+    for summary in (whole, per_rank):
+        parts = [summary[f"mem/{part}_mib"] for part in (*step_peak.PARTS, "other")]
+        assert sum(parts) == pytest.approx(summary["mem/step_peak_mib"], rel=1e-9)
 
 
 def _end_weights(folder) -> dict:
@@ -245,7 +251,8 @@ def test_a_killed_fsdp_run_resumes_to_the_same_weights_on_two_ranks_and_on_one(
     params, metrics = run.data.params, run.data.metrics
     assert params["trainer.strategy"] == "fsdp" and params["world_size"] == "2"
     assert params["precision.fsdp.param_dtype"] == params["precision.fsdp.reduce_dtype"] == "fp32"
-    assert metrics["mem/gathered_mib"] > 0 and metrics["mem/params_mib"] > 0
+    assert metrics["mem/params_gathered_mib"] > 0 and metrics["mem/params_sharded_mib"] > 0
+    assert metrics["mem/step_peak_mib"] >= metrics["mem/params_sharded_mib"]
     logged = mlflow_pytorch_load(store_uri, run.info.run_id)
     whole = _end_weights(tmp_path / "a")
     assert logged.keys() == whole.keys()

@@ -78,6 +78,9 @@ class Setup:
     callbacks: list = field(default_factory=list)
     # Under FSDP: the model's unsharded structure on the meta device (engine.sharded.template)
     skeleton: torch.nn.Module | None = None
+    # The modules holding most of what a step saves for backward (the loop's measurement:
+    # memory/activations_by_module.json)
+    activations_by_module: list[dict] = field(default_factory=list)
 
 
 def resolve(cfg: Config) -> Config:

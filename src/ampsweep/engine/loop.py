@@ -17,15 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ampsweep.engine import distributed, sharded
+from ampsweep.engine import distributed
 from ampsweep.engine.build import Setup
 from ampsweep.engine.data.batches import Batches
+from ampsweep.engine.measured import measured
 from ampsweep.engine.optim import step_schedule
 from ampsweep.engine.tasks import Objective, default_objective
-from ampsweep.measure import cost, memory, names
+from ampsweep.measure import names
 from ampsweep.measure.cost import StepTimer
-from ampsweep.measure.memory import SavedTensorMeter, peak_memory
+from ampsweep.measure.memory import SavedTensorMeter
 from ampsweep.measure.numerics import NonfiniteWatch
+from ampsweep.measure.step_peak import StepPeak
 from ampsweep.precision.policy import PrecisionPolicy, found_inf
 
 LogFn = Callable[[dict[str, float], int], None]
@@ -42,7 +44,7 @@ class TrainState:
     loss_sum: float = 0.0  # train/loss of the steps since the last log step, not yet logged
     loss_terms: int = 0
     skipped: float = 0.0  # amp/skipped_steps so far
-    activation_bytes: int = 0  # mem/activation_mib, measured on the very first step
+    activation_bytes: int = 0  # mem/activation_mib, measured on a segment's first step
     wall_s: float = 0.0  # training time of earlier segments of this run
     nonfinite_run: int = 0  # consecutive non-finite steps (divergence)
 
@@ -125,18 +127,27 @@ class Totals:
         state: TrainState,
         timer: StepTimer,
         watch: NonfiniteWatch,
-        model,
+        peak: StepPeak,
         scaled: bool,
+        by_module: bool = True,  # activations by module (not under torch.compile)
     ):
         self.scaled = scaled
         self._losses: list[torch.Tensor] = []  # this log window's, detached
         self._carried = torch.full((), state.loss_sum, dtype=torch.float64, device=device)
         self.loss_terms = state.loss_terms
         self.skipped = torch.full((), state.skipped, device=device)
-        self.meter = SavedTensorMeter(model, state.activation_bytes)
+        plain = distributed.unwrap(peak.model)
+        self.meter = SavedTensorMeter(plain, state.activation_bytes, by_module)
+        self.saved_at = state.step  # the step whose first micro-batch's saved tensors count
+        self.peak = peak  # the measured peak of one step
         self.watch = watch  # stops the run when its loss stays non-finite
         self.timer = timer
         self.started = time.perf_counter() - state.wall_s
+
+    def start_step(self, step: int) -> None:
+        """Optimizer step ``step`` begins: timed, unless its memory is measured (once a run)."""
+        if not self.peak.start(step):
+            self.timer.start()
 
     def add_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Count a micro-batch's loss; returns it detached (the graph is not kept alive)."""
@@ -156,6 +167,7 @@ class Totals:
         """An optimizer step ended: its time, its skip, and the divergence watch told of its
         last micro-batch's loss (detached; settled at log steps)."""
         self.timer.stop()
+        self.peak.stop()
         self.add_skipped(skipped)
         self.watch.observe(loss, skipped, scaler)
 
@@ -239,9 +251,9 @@ def fit(
         progress.start_epoch(state.epoch, t.epochs, s.steps_per_epoch)
         for x, y in _batches_left(s, state):
             if state.batch % accum == 0:  # a new optimizer step: its micro-batches to come
-                totals.timer.start()
+                totals.start_step(state.step + 1)
                 view = StepView(state.step + 1, plain, optimizer, scaler, [], [], None, log)
-            first_batch = state.step == 0 and state.batch == 0  # its saved tensors are measured
+            first_batch = state.step == totals.saved_at and state.batch % accum == 0  # measured
             # Under DDP, gradients are all-reduced on the step's last micro-batch only (the
             # others accumulate locally): one synchronisation per optimizer step.
             with distributed.gradient_sync(model, sync=(state.batch + 1) % accum == 0):
@@ -302,7 +314,11 @@ def _totals(s: Setup, state: TrainState) -> Totals:
         state.nonfinite_run,
         explain=s.locator.advice,
     )
-    return Totals(s.device, state, timer, watch, s.model, scaled=s.scaler.is_enabled())
+    peak = StepPeak(
+        s.device, s.model, s.optimizer, state.step, s.total_steps, t.timing_warmup_steps
+    )
+    compiled = s.cfg.trainer.compile
+    return Totals(s.device, state, timer, watch, peak, s.scaler.is_enabled(), not compiled)
 
 
 def _log_and_save(s: Setup, state: TrainState, totals: Totals, log, progress, checkpoints) -> None:
@@ -381,30 +397,6 @@ def evaluate(
     return evaluation.compute()  # the whole split (every rank's shard): one sync
 
 
-def _measured(s: Setup, median_ms: float | None) -> dict[str, float]:
-    """FLOPs of one step (per rank: perf/tflops and perf/mfu are per GPU), what one sample
-    and the model cost in memory and the largest batch that would fit; counted once after
-    training (untimed; after the memory peaks). Under FSDP they are counted on the whole
-    model gathered to rank 0, with the memory a rank holds of it (its shards)."""
-    t = s.cfg.trainer
-    module, held = distributed.unwrap(s.model), None
-    if sharded.is_sharded(s.model):
-        held = sharded.held_memory(s.model, s.optimizer, s.cfg)
-        assert s.skeleton is not None  # a sharded model's setup keeps its skeleton
-        module = sharded.full_module(s.model, s.skeleton, distributed.current().is_main)
-        if module is None:  # ranks other than 0 record nothing
-            return {}
-        module = module.to(s.device)
-    x, y = next(iter(s.train_batches.epoch(0)))
-    out = {}
-    if median_ms:
-        step_flops = cost.train_step_flops(module, x, y, s.policy, t.grad_accum_steps, s.objective)
-        out.update(cost.speed_metrics(step_flops, median_ms, s.device, s.policy))
-    optimizer = s.optimizer
-    out.update(memory.capacity_metrics(module, optimizer, x, y, s.policy, s.objective, held))
-    return out
-
-
 def summarise(
     s: Setup, state: TrainState, totals: Totals, evaluation: tuple[float, ...]
 ) -> dict[str, float]:
@@ -427,8 +419,8 @@ def summarise(
         summary.update(s.objective.task.throughput(summary["perf/samples_per_s"], y))
     if s.scaler.is_enabled():
         summary["amp/loss_scale"] = s.scaler.get_scale()
-    summary.update(peak_memory(s.device))
-    summary.update(_measured(s, median_ms))
+    summary.update(totals.peak.peak_memory())
+    summary.update(measured(s, median_ms, totals.meter, totals.peak))
     summary.update(s.fp8.metrics())
     if distributed.current().enabled:
         # One run for the whole group: throughput adds up, memory is the worst rank's.

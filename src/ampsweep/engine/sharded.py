@@ -212,11 +212,11 @@ def gathered_bytes(model: nn.Module, cfg: Config, param_dtype: torch.dtype) -> i
 
 def held_memory(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]:
     """Bytes this rank holds, as ``measure.memory.model_memory`` counts them (its shards of the
-    parameters, gradients and optimizer state), and ``gathered_<dtype>``: the unsharded
+    parameters, gradients and optimizer state), and ``params_gathered_<dtype>``: the unsharded
     parameters it holds at once while a step runs (``gathered_bytes``)."""
     held = model_memory(model, optimizer)
     dtype, _ = _dtypes(cfg.precision)
-    held[f"gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
+    held[f"params_gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
     return held
 
 
@@ -227,7 +227,7 @@ def predicted_held(model: nn.Module, optimizer, cfg: Config) -> dict[str, float]
     ranks = cfg.trainer.nproc
     held = {key: nbytes / ranks for key, nbytes in model_memory(model, optimizer).items()}
     dtype, _ = _dtypes(cfg.precision)
-    held[f"gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
+    held[f"params_gathered_{dtype_name(dtype)}"] = gathered_bytes(model, cfg, dtype)
     return held
 
 

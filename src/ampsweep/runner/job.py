@@ -37,7 +37,7 @@ from ampsweep.engine import checkpoint, components, distributed, loop, sharded
 from ampsweep.engine.build import build_planned, select_device
 from ampsweep.engine.checkpoint import snapshot
 from ampsweep.engine.run_folder import config_hash, folder_for
-from ampsweep.measure import contention
+from ampsweep.measure import contention, memory
 from ampsweep.measure.probe import probe
 from ampsweep.runner import environment, estimate
 from ampsweep.runner.context import (
@@ -341,6 +341,8 @@ class Job:
             setup.diagnostics.log_artifacts(recorder)  # per-layer underflow tables, if measured
             if setup.fp8.recipe:  # every Linear layer, converted or why not
                 recorder.log_json(setup.fp8.table(), store.FP8_LAYERS_ARTIFACT)
+            if setup.activations_by_module:  # where a step's saved bytes are
+                memory.log_activations_by_module(recorder, setup.activations_by_module)
             hydra_dir = job.ctx.output_dir / ".hydra" if job.ctx.output_dir else None
             if hydra_dir and hydra_dir.is_dir():
                 recorder.log_artifact(hydra_dir, ".hydra")

@@ -184,10 +184,11 @@ def test_a_rank_of_n_is_predicted_to_hold_one_nth_and_its_largest_gathered_block
     # bf16 gathers, one unit at a time: the root's (embeddings, tied head, final norm)
     block = sum(p.numel() for p in gpt.blocks[0].parameters())
     root = sum(p.numel() for p in gpt.parameters()) - 2 * block
-    assert held["gathered_bf16"] == 2 * max(block, root)
+    assert held["params_gathered_bf16"] == 2 * max(block, root)
     fsdp = replace(cfg.trainer.fsdp, reshard_after_forward=False)
     kept = replace(cfg, trainer=replace(cfg.trainer, fsdp=fsdp))
-    assert sharded.predicted_held(gpt, optimizer, kept)["gathered_bf16"] == 2 * (2 * block + root)
+    predicted = sharded.predicted_held(gpt, optimizer, kept)
+    assert predicted["params_gathered_bf16"] == 2 * (2 * block + root)
 
 
 def test_every_torch_norm_that_can_keep_running_statistics_is_its_own_fp32_unit():
