@@ -13,6 +13,7 @@ import sys
 from ampsweep import __version__, console
 from ampsweep.cli import capacity, doctor, predict, repair, reproduce, ui
 from ampsweep.config.schema import ConfigError
+from ampsweep.measure import roofline
 from ampsweep.precision.modes import BASELINE, MODES
 from ampsweep.report import render, sweeps
 from ampsweep.report.sweeps import ReportError
@@ -71,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "0.95; default: as near the baseline's final score as the score says (0.5 points of "
         "its accuracy, 2%% of its perplexity)",
     )
+    rep.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="add each mode's speed-up predicted on this GPU (h100, a100, l4, ...: ampsweep "
+        "predict) for the baseline run's model and batch",
+    )
     rep.add_argument("--tracking-uri", help=store_help)
     rep.set_defaults(func=cmd_report)
     ui = sub.add_parser("ui", help="open the MLflow UI over ampsweep's store")
@@ -114,6 +121,11 @@ def cmd_report(args) -> int:
         console.error(f"--baseline {args.baseline}: not a precision mode: choose one of {choices}")
         return 2
     try:
+        gpu = roofline.gpu_spec(args.gpu) if args.gpu else None
+    except ValueError as err:  # an unknown GPU: one line naming the known ones
+        console.error(str(err))
+        return 2
+    try:
         budget = capacity.parse_budget(args.memory_budget)
         client = _open_store(args.tracking_uri)
         parent, passed_over = sweeps.find_sweep(client, args.sweep, args.experiment)
@@ -132,6 +144,9 @@ def cmd_report(args) -> int:
             f"skipped the newer sweep {empty.info.run_name} ({empty.info.run_id}): it has no runs"
         )
     rep = sweeps.make_report(sweep, runs, args.baseline, budget, args.target)
+    if gpu is not None:  # builds the baseline's model: only when asked
+        base = next((r for r in runs if r.precision == args.baseline), runs[0])
+        rep.findings.append(predict.for_report(gpu, base.tags.get(store.OVERRIDES, "").split()))
     text = render.render(rep, args.fmt, console.console, wide=args.wide)
     if text is not None:
         sys.stdout.write(text)

@@ -127,6 +127,25 @@ def describe(cfg, gpu):
     return Model(ops, weights, params, states, converted, micro, types), fp8
 
 
+# A recorded run's overrides that are not the model, data and batch: the mode (every one is
+# predicted), where it was recorded, Hydra's own settings and the run's callbacks.
+NOT_THE_WORKLOAD = ("precision", "tracking", "hydra", "trainer.callbacks")
+
+
+def for_report(gpu, overrides: list[str]) -> str:
+    """The prediction a report gives for the configuration a run recorded (its ``overrides``
+    tag), as one finding: the verdict, labelled as predicted; or why there is none."""
+    from ampsweep.measure.prediction import predict
+
+    kept = [o for o in overrides if not o.lstrip("+~").split("=")[0].startswith(NOT_THE_WORKLOAD)]
+    try:
+        model, _ = describe(plan(kept), gpu)
+    except ConfigError as err:  # e.g. a run of a project's own config folder
+        return f"No prediction for an {gpu.label}: the run's config does not compose here ({err})."
+    verdict = predict(gpu, model).verdict()
+    return f"Predicted, not measured (ampsweep predict --gpu {gpu.key}): {verdict}."
+
+
 def _tf32() -> str:
     return next(m.name for m in MODES.values() if m.tf32)
 

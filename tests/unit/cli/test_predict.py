@@ -65,3 +65,23 @@ def test_an_unknown_gpu_is_one_line_and_exit_2(main):
 def test_a_precision_override_is_refused_every_mode_is_predicted(main):
     result = main("predict", "precision=bf16")
     assert result.code == 2 and "precision=bf16" in result.err and "every" in result.err
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("three_mode_sweep")
+def test_the_report_carries_the_prediction_for_the_gpu_named(three_mode_sweep, main):
+    """report --gpu: the baseline run's model and batch (its recorded overrides: the cnn,
+    8 wide) predicted on an H100, labelled as predicted, among the findings."""
+    args = ("report", "--format", "json", "--tracking-uri", three_mode_sweep.uri)
+    result = main(*args, "--gpu", "h100")
+    assert result.code == 0, result.err
+    findings = json.loads(result.out)["findings"]
+    (predicted,) = [f for f in findings if f.startswith("Predicted, not measured")]
+    assert predicted.startswith(
+        "Predicted, not measured (ampsweep predict --gpu h100): no mode is predicted to help "
+        "this model on an H100 SXM"
+    )
+    plain = json.loads(main(*args).out)["findings"]
+    assert not [f for f in plain if f.startswith("Predicted")]  # only when asked
+    unknown = main(*args, "--gpu", "h1000")
+    assert unknown.code == 2 and "--gpu h1000: not a GPU ampsweep knows" in unknown.err
