@@ -119,9 +119,22 @@ def blocks(page: Path) -> list[Block]:
             block.kind = "file"
         elif block.kind == "file" and block.code.startswith("$ "):
             block.kind = "transcript"
+        _claims_are_checked(block)
         if block.kind != "file" or block.file is not None:
             out.append(block)
     return out
+
+
+def _claims_are_checked(block: Block) -> None:
+    """A claim no command of the block would check is refused: it would pass unchecked."""
+    for claim in block.claims:
+        if block.skip is not None or block.kind in ("file", "output"):
+            raise ValueError(f"{block.where}: {claim.text!r}: a claim on a block not run")
+        if claim.which.isdigit() and not 1 <= int(claim.which) <= len(block.steps()):
+            raise ValueError(
+                f"{block.where}: expect {claim.which}: the block has {len(block.steps())} "
+                "command(s)"
+            )
 
 
 def _markers_above(block: Block, lines: list[str], above: int) -> None:

@@ -177,6 +177,13 @@ def test_claims_are_read_below_a_block_and_a_mistyped_one_is_refused(tmp_path):
     page.write_text('```bash\nampsweep report\n```\n<!-- expect: says "2 runs" -->\n')
     with pytest.raises(ValueError, match=r"page.md:4: not a claim: 'says \"2 runs\"'"):
         docs_blocks.blocks(page)
+    # a claim no command would check
+    page.write_text("```bash\nampsweep report\n```\n<!-- expect 2: exit 2 -->\n")
+    with pytest.raises(ValueError, match=r"page.md:1: expect 2: the block has 1 command"):
+        docs_blocks.blocks(page)
+    page.write_text("<!-- skip: a GPU -->\n```bash\nampsweep report\n```\n<!-- expect: exit 2 -->")
+    with pytest.raises(ValueError, match=r"page.md:2: 'exit 2': a claim on a block not run"):
+        docs_blocks.blocks(page)
 
 
 def _session(tmp_path, empty_store, capsys, text: str):
