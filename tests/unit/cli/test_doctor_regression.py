@@ -50,6 +50,30 @@ def test_the_doctor_names_the_head_prescribes_standardised_targets_and_proves_th
         assert math.isfinite(rmse) and rmse < 3, (run.data.tags.get("mlflow.runName"), rmse)
 
 
+def test_a_data_set_without_the_setting_is_told_what_to_change_and_gets_the_head_in_fp32(
+    tmp_path, monkeypatch, store_uri, main
+):
+    shutil.copytree(REPO / "examples" / "regression", tmp_path, dirs_exist_ok=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "raw_prices.py").write_text(
+        "from regression_demo.data import prices\n\n\n"
+        "def raw_prices(num_samples: int = 400):\n    return prices(num_samples)\n"
+    )
+    (tmp_path / "conf" / "dataset" / "raw_prices.yaml").write_text(
+        "defaults:\n  - override /task@_global_.task: regression\n"
+        "  - override /loss@_global_.loss: mse\n  - _self_\n"
+        "_target_: raw_prices.raw_prices\nname: raw_prices\n"
+    )
+    tiny = [o for o in TINY if not o.startswith("dataset.")]
+    res = main("doctor", "--config-dir", "conf", "--modes", "fp16", "dataset=raw_prices", *tiny)
+    assert res.code == 0, res.err[-3000:]
+    said = " ".join((res.out + res.err).split())
+    assert "dataset=raw_prices has no standardize_targets setting: standardise the targets" in said
+    assert "fp16: precision=fp16 precision.keep_fp32=[7]" in said
+    assert "its trial still FAILS" in said  # the gradient grows through every layer before it
+    assert all_runs(store_uri) == []  # no --verify: nothing recorded
+
+
 def test_a_data_set_without_the_setting_is_told_how_to_standardise():
     assert standardising({"standardize_targets": False}) == ["dataset.standardize_targets=true"]
     assert standardising({"standardize_targets": True}) == []  # already standardised
