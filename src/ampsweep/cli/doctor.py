@@ -12,9 +12,11 @@ precision mode fails on a model, say where and why, write the fix as config, and
 3. **Prescriptions**, one per mode that failed or lost quality: ``precision.keep_fp32`` for a
    module that overflows or whose half-precision kernel fails (tried again, adding modules
    until the trial is finite, at most ``ROUNDS`` times), a loss scale for fp16 that flushes
-   gradients, the autocast mode for a pure one. Each is written as a precision option
-   (``precision/doctor_<mode>.yaml``) and all of them as one experiment
-   (``experiment/doctor.yaml``) under the user's ``--config-dir`` (else outputs/doctor/conf).
+   gradients, the autocast mode for a pure one, standardised targets for a regression whose
+   head overflowed with large targets (the sweep then trains fp32 on them too). Each is
+   written as a precision option (``precision/doctor_<mode>.yaml``) and all of them as one
+   experiment (``experiment/doctor.yaml``) under the user's ``--config-dir`` (else
+   outputs/doctor/conf).
 4. ``--verify``: that experiment launched as one sweep (fp32, each failing mode and each
    prescription: a parent run with its children, and the report), then a verdict for each
    prescription: fixed (finite, its score within the task's tolerance of fp32's) or not, and
