@@ -113,7 +113,9 @@ def measured_rows(rows: Iterable[Row]) -> list[tuple[Row, Breakdown]]:
 
 
 def mib(x: float) -> str:
-    """``846 MiB``, ``1.1 GiB``, ``12.5 MiB``, ``0.31 MiB``."""
+    """``846 MiB``, ``1.1 GiB``, ``12.5 MiB``, ``0.31 MiB``, ``97.7 KiB``."""
+    if x < 0.1:
+        return f"{x * 1024:.3g} KiB"
     if x >= 1024:
         return f"{x / 1024:.2g} GiB" if x < 10 * 1024 else f"{x / 1024:,.1f} GiB"
     return f"{x:,.0f} MiB" if x >= 100 else f"{x:.3g} MiB"
@@ -356,8 +358,9 @@ def module_lines(report: Report) -> list[str]:
         top = r.memory.get("activations_by_module") if r.memory else None
         if r.precision == report.baseline_mode and top:
             items = [
-                f"{m.get('module') or '(root)'} ({m.get('type', '?')}) {mib(m.get('mib', 0.0))}, "
-                f"{percent(m.get('share', 0.0))}"
+                f"{m.get('module') or '(root)'}"
+                + (f" ({m['type']})" if m.get("type") else "")
+                + f" {mib(m.get('mib', 0.0))}, {percent(m.get('share', 0.0))}"
                 for m in top
             ]
             return [f"Saved for backward the most in {r.name}: " + "; ".join(items) + "."]
