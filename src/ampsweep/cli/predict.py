@@ -17,7 +17,7 @@ import sys
 
 from ampsweep import console
 from ampsweep.config.schema import ConfigError
-from ampsweep.precision.modes import BASELINE, MODES
+from ampsweep.precision.modes import BASELINE
 
 DEFAULT_GPU = "h100"
 TOP = 10
@@ -146,18 +146,16 @@ def for_report(gpu, overrides: list[str]) -> str:
     return f"Predicted, not measured (ampsweep predict --gpu {gpu.key}): {verdict}."
 
 
-def _tf32() -> str:
-    return next(m.name for m in MODES.values() if m.tf32)
-
-
 def as_json(prediction, cfg) -> dict:
+    from ampsweep.measure.prediction import tf32_mode
+
     gpu = prediction.gpu
     modes = {}
     for name, m in prediction.modes.items():
         modes[name] = {
             "step_ms": m.step_s * 1e3,
             "speedup_vs_fp32": prediction.speedup(name),
-            "speedup_vs_tf32": prediction.speedup(name, _tf32()),
+            "speedup_vs_tf32": prediction.speedup(name, tf32_mode()),
             "shares": prediction.shares(name),
             "kernels": m.kernels,
             "layers": [
@@ -189,6 +187,8 @@ def print_prediction(prediction, cfg, top: int) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from ampsweep.measure.prediction import tf32_mode
+
     out = console.console
     gpu = prediction.gpu
     out.print(
@@ -201,7 +201,7 @@ def print_prediction(prediction, cfg, top: int) -> None:
         table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
     for name, m in prediction.modes.items():
         shares = prediction.shares(name)
-        vs_tf32 = prediction.speedup(name, _tf32())
+        vs_tf32 = prediction.speedup(name, tf32_mode())
         table.add_row(
             name,
             _ms(m.step_s),

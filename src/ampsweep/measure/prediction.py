@@ -177,15 +177,20 @@ class Prediction:
             what = "launch-bound" if launch >= memory else "memory-bound"
             return (
                 f"no mode is predicted to help this model on an {self.gpu.label}: {math}; the "
-                f"step is {what} ({launch:.0%} kernels too short to leave the launch floor, "
-                f"{memory:.0%} memory-bound kernels)"
+                f"step is {what}: {launch:.0%} of it in kernels too short to leave the launch "
+                f"floor, {memory:.0%} in memory-bound ones"
             )
-        tf32 = self.speedup(best, "tf32")
+        tf32 = self.speedup(best, tf32_mode())
         against_tf32 = f", {tf32:.2f}x TF32" if tf32 else ""
         return (
             f"{best} is predicted the fastest on an {self.gpu.label}: {gains[best]:.2f}x fp32"
             f"{against_tf32}; {math}"
         )
+
+
+def tf32_mode() -> str:
+    """The mode of fp32 on TF32 tensor cores: the other baseline speed-ups are quoted against."""
+    return next(m.name for m in MODES.values() if m.tf32)
 
 
 def predict(gpu: Gpu, model: Model) -> Prediction:
