@@ -48,3 +48,10 @@ def test_the_prediction_of_another_batch_meets_a_run_at_that_batch(main, quick, 
     # parameters and optimizer state do not grow with the batch
     for part in ("params", "optimizer"):
         assert bf16["parts_mib"][part] == pytest.approx(run.data.metrics[f"mem/{part}_mib"])
+
+
+def test_a_batch_to_predict_below_one_is_refused_in_one_line(main):
+    out = main("capacity", "--budget", "1GiB", "--predict-batch", "0", "model=mlp")
+    assert out.code == 2
+    assert "--predict-batch 0 must be >= 1, e.g. --predict-batch 64" in out.err
+    assert "Traceback" not in out.err

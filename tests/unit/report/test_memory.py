@@ -164,3 +164,13 @@ def test_another_batch_predicted_from_the_smallest_against_what_it_measured():
     line = next(f for f in rep.findings if "predicted from its batch-256 run" in f)
     # predicted: 2.25 fixed + 400 activations + 40 other = 442.25; measured 446.25
     assert "batch 512: predicted 442 MiB, measured 446 MiB (-0.9%)" in line
+
+
+def test_fp8_that_holds_more_than_bf16_is_said_so_with_its_copies():
+    fp8_step = {**CONV_BF16, "fp8": 30.0}
+    runs = [run("fp32", 512, CONV_FP32, "cnn"), run("bf16", 512, CONV_BF16, "cnn")]
+    rep = report_of([*runs, run("fp8_tensorwise", 512, fp8_step, "cnn")])
+    line = next(f for f in rep.findings if f.startswith("fp8_tensorwise used more memory"))
+    assert line.startswith("fp8_tensorwise used more memory than bf16 (252 MiB vs 222 MiB)")
+    assert "its fp8 weight copies and scales (30 MiB)" in line
+    assert "trainer.compile=true" in line
