@@ -54,16 +54,22 @@ PART_COLORS = {
 
 
 def load_modules(client, run_id: str) -> list[dict]:
-    """The run's activations by module (largest first), or [] where it recorded none."""
-    folder, name = MODULES_ARTIFACT.rsplit("/", 1)
-    if not any(f.path.endswith(name) for f in client.list_artifacts(run_id, folder)):
-        return []
+    """The run's activations by module (largest first), or [] where it recorded none or its
+    artifacts cannot be read (the rest of the report does not need them)."""
     import tempfile
     from pathlib import Path
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(run_id, MODULES_ARTIFACT, tmp)
-        found = json.loads(Path(path).read_text())
+    from mlflow.exceptions import MlflowException
+
+    folder, name = MODULES_ARTIFACT.rsplit("/", 1)
+    try:
+        if not any(f.path.endswith(name) for f in client.list_artifacts(run_id, folder)):
+            return []
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(run_id, MODULES_ARTIFACT, tmp)
+            found = json.loads(Path(path).read_text())
+    except (OSError, ValueError, MlflowException):
+        return []
     return found if isinstance(found, list) else []
 
 
