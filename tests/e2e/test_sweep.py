@@ -48,7 +48,10 @@ def test_the_report_logged_to_the_parent_matches_the_children(three_mode_sweep):
     assert {"report.md", "report.csv", "report.json", "charts"} <= files
     charts = {f.path for f in client.list_artifacts(parent.info.run_id, "charts")}
     assert {"charts/throughput.png", "charts/memory.png", "charts/accuracy.png"} <= charts
-    assert {"charts/val_loss.png", "charts/loss_scale.png"} <= charts
+    assert {"charts/val_loss.png", "charts/loss_scale.png", "charts/memory_breakdown.png"} <= charts
+    path = client.download_artifacts(parent.info.run_id, "report.json", ".")
+    report = json.loads(Path(path).read_text())
+    assert all(r["memory"]["step_peak_mib"] > 0 for r in report["rows"])  # every run's parts
     by_name = {k.info.run_name: k for k in kids}
     fp32, bf16 = by_name["fp32-cnn-digits"].data.metrics, by_name["bf16-cnn-digits"].data.metrics
     speedup = bf16["perf/samples_per_s"] / fp32["perf/samples_per_s"]
