@@ -104,9 +104,10 @@ def breakdown_of(metrics: dict, mode: str, params: dict[str, str]) -> Breakdown 
 
 
 def of_row(row: Row) -> Breakdown | None:
-    """The row's measured breakdown (``Row.memory``), for the findings, table and chart."""
+    """The row's measured breakdown (``Row.memory``), for the findings, table and chart; None
+    for a run that measured no step peak (an older run's parts leave out ``other``)."""
     m = row.memory
-    if not m or row.precision not in modes.MODES:
+    if not m or m.get("step_peak_mib") is None or row.precision not in modes.MODES:
         return None
     at_optimizer, saved = m.get("peak_at_optimizer", False), m.get("saved_mib", 0.0)
     copies = m.get("weight_copies_mib", 0.0)
@@ -311,8 +312,6 @@ def prediction_findings(rows: list[Row], runs: list[RunData]) -> list[str]:
     params = {r.run_id: r.params for r in runs}
     groups: dict[tuple, list[tuple[Row, Breakdown]]] = {}
     for row, bd in measured_rows(rows):
-        if row.memory.get("step_peak_mib") is None:
-            continue
         key = (row.precision, config_key(params.get(row.run_id, {}), ignore=(BATCH, SEED)))
         groups.setdefault(key, []).append((row, bd))
     out = []

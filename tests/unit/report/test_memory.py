@@ -132,7 +132,14 @@ def test_a_run_without_parts_has_no_memory_and_no_finding():
     del bare.metrics[capacity.STEP_PEAK]
     rep = report_of([bare, run("bf16", 2, WIDE_BF16)])
     assert rep.rows[0].memory == {}
-    assert not any("of the step's peak" in f for f in rep.findings)
+    assert not any("step's peak" in f for f in rep.findings)
+    # an older run: its model's parts and what it saved, but no step peak: no finding on it
+    older = run("fp32", 2, {"params": 64.0}, **{capacity.SAVED: 0.5})
+    del older.metrics[capacity.STEP_PEAK]
+    rep = report_of([older, run("bf16", 2, WIDE_BF16)])
+    assert rep.rows[0].memory["step_peak_mib"] is None
+    assert rep.rows[0].memory["parts"]["activations"] == 0.5
+    assert not any("step's peak" in f for f in rep.findings)
 
 
 def test_the_text_report_has_the_memory_table_and_the_baselines_top_modules():
