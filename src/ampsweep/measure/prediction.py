@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ampsweep.measure.roofline import Gpu, Kernel, kernel, linear_times
+from ampsweep.measure.roofline import Gpu, Kernel, kernel, linear_times, matmul
 from ampsweep.measure.trace import Op
 from ampsweep.precision.modes import BASELINE, MODES, PrecisionMode
 
@@ -132,6 +132,11 @@ def predict_mode(gpu: Gpu, model: Model, mode: PrecisionMode) -> ModeTime | None
             step.math_s += linear.matmul_s * n
             continue
         half = mode.half and (mode.pure or not op.fp32_under_autocast)
+        if op.kind == "matmul" and op.shape:  # by waves of tiles, as linear_times counts
+            rows, inner, outer = op.shape
+            width = 2 if half else 4
+            add(op.module, matmul(gpu, rows, inner, outer, kind, width, width), op.flops)
+            continue
         nbytes = op.float_bytes * (0.5 if half else 1.0) + op.other_bytes
         add(op.module, kernel(gpu, op.flops, nbytes, kind if op.flops else "fp32"), op.flops)
     if mode.autocast and mode.half:

@@ -31,6 +31,10 @@ MEMORY_EFFICIENCY = 0.92
 # runs at least this long and often longer.
 LAUNCH_S = 2e-6
 TILE = 128  # a matmul's output tile per multiprocessor (cuBLAS and CUTLASS on Ampere and later)
+# A matmul whose reduction is this many times longer than its output's larger side, with fewer
+# output tiles than multiprocessors, has its reduction split across the idle ones (split-K,
+# as cuBLAS does for a Linear's weight gradient over many rows).
+SPLIT_K = 4
 
 FORMATS = ("fp32", "tf32", "fp16", "bf16", "fp8_tensorwise", "fp8_rowwise")
 BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -191,11 +195,22 @@ def kernel(gpu: Gpu, flops: float, nbytes: float, kind: str = "fp32") -> Kernel:
 
 
 def matmul(gpu: Gpu, m: int, k: int, n: int, kind: str, in_bytes: float, out_bytes: float):
-    """An (m x k) @ (k x n) matmul: its FLOPs are counted over whole waves of output tiles."""
-    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
-    waves = math.ceil(tiles / gpu.sms)
-    flops = waves * gpu.sms * 2.0 * TILE * TILE * k
+    """An (m x k) @ (k x n) matmul: its FLOPs are counted over whole waves of output tiles
+    (each tile's share of the reduction, where a long one is split: ``SPLIT_K``). A side
+    shorter than a tile gets a tile that fits it (a power of two, 16 at least), as the
+    libraries choose smaller tiles for small matrices."""
+    tile_m, tile_n = _tile(m), _tile(n)
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n)
+    split = 1
+    if tiles < gpu.sms and k >= SPLIT_K * max(m, n):
+        split = max(1, min(gpu.sms // tiles, k // max(m, n, TILE)))
+    waves = math.ceil(tiles * split / gpu.sms)
+    flops = waves * gpu.sms * 2.0 * tile_m * tile_n * math.ceil(k / split)
     return kernel(gpu, flops, (m * k + k * n) * in_bytes + m * n * out_bytes, kind)
+
+
+def _tile(side: int) -> int:
+    return min(TILE, max(16, 1 << (side - 1).bit_length()))
 
 
 @dataclass(frozen=True)

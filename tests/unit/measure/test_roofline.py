@@ -48,12 +48,21 @@ def test_a_wave_of_tiles_is_paid_in_full():
     """A matmul with fewer output tiles than multiprocessors takes as long as a full wave."""
     h100 = gpu_spec("h100")
     side = 128 * 11  # 121 tiles: one wave on 132 multiprocessors
-    one_tile = roofline.matmul(h100, 128, 4096, 128, "bf16", 2, 2)
-    full_wave = roofline.matmul(h100, side, 4096, side, "bf16", 2, 2)
-    two_waves = roofline.matmul(h100, side, 4096, side + 128 * 2, "bf16", 2, 2)
-    assert one_tile.bound == full_wave.bound == "compute"
-    assert one_tile.seconds == pytest.approx(full_wave.seconds, rel=0.01)
+    four_tiles = roofline.matmul(h100, 256, 1000, 256, "bf16", 2, 2)
+    full_wave = roofline.matmul(h100, side, 1000, side, "bf16", 2, 2)
+    two_waves = roofline.matmul(h100, side, 1000, side + 128 * 2, "bf16", 2, 2)
+    assert four_tiles.bound == full_wave.bound == "compute"
+    assert four_tiles.seconds == pytest.approx(full_wave.seconds, rel=0.01)
     assert two_waves.seconds == pytest.approx(2 * full_wave.seconds, rel=0.01)
+
+
+def test_a_long_reduction_over_few_tiles_is_split_across_the_idle_multiprocessors():
+    """A weight gradient over many rows (128 x 512 out, 65536 rows reduced): split-K spreads it
+    over the GPU, so reading its inputs bounds it, not 4 tiles' multiprocessors of 132."""
+    h100 = gpu_spec("h100")
+    grad_weight = roofline.matmul(h100, 128, 65536, 512, "bf16", 2, 2)
+    one_wave = h100.sms * 2.0 * 128 * 128 * 65536 / (h100.peak("bf16") * roofline.MATMUL_EFFICIENCY)
+    assert grad_weight.bound == "memory" and grad_weight.seconds < one_wave / 10
 
 
 @pytest.mark.parametrize(
