@@ -86,14 +86,14 @@ class ModeTime:
         return sorted(self.layers.values(), key=lambda la: -la.seconds)[:n]
 
 
-def math_kind(gpu: Gpu, mode: PrecisionMode) -> str:
+def math_kind(mode: PrecisionMode) -> str:
     """The kind of math the mode's matmuls run in (an fp8 mode's other matmuls: its dtype)."""
     return "tf32" if mode.tf32 else mode.dtype
 
 
 def why_not(gpu: Gpu, model: Model, mode: PrecisionMode) -> str:
     """Why ``mode`` cannot be predicted here ("": it can)."""
-    for kind in ("fp8", math_kind(gpu, mode)) if mode.fp8 else (math_kind(gpu, mode),):
+    for kind in ("fp8", math_kind(mode)) if mode.fp8 else (math_kind(mode),):
         if getattr(gpu, kind) is None:
             return f"the {gpu.label} has no {kind} tensor cores"
     if mode.fp8 and model.fp8_layers is None:
@@ -105,7 +105,7 @@ def predict_mode(gpu: Gpu, model: Model, mode: PrecisionMode) -> ModeTime | None
     """``mode``'s step on ``gpu``; None where it cannot be predicted (``why_not``)."""
     if why_not(gpu, model, mode):
         return None
-    kind = math_kind(gpu, mode)
+    kind = math_kind(mode)
     converted = (model.fp8_layers or frozenset()) if mode.fp8 else frozenset()
     step = ModeTime(mode.name, {}, 0.0, 0)
     n = model.micro_batches
