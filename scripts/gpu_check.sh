@@ -2,8 +2,10 @@
 # The core runner on a CUDA GPU: fp32, tf32, fp16, bf16 and bf16_pure on ResNet-18 with
 # synthetic 32x32 data (no network, no files), then the sweep's report with every column
 # (samples/s, peak memory, MFU, max batch, accuracy per mode); then `ampsweep capacity`: the
-# largest batch of fp32, fp16 and bf16 searched beside its prediction. Runs are recorded in
-# outputs/mlflow.db of the folder it is run in (experiments gpu_check, gpu_check_capacity).
+# largest batch of fp32, fp16 and bf16 searched beside its prediction; then fp32 and bf16 at two
+# batch sizes: each step peak at the larger predicted from the smaller's run, against its own.
+# Runs are recorded in outputs/mlflow.db of the folder it is run in (experiments gpu_check,
+# gpu_check_capacity, gpu_check_memory).
 #   scripts/gpu_check.sh                     # on a machine with a CUDA GPU
 #   scripts/gpu_check.sh trainer.epochs=5    # extra Hydra overrides for every run
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_check.sh   # the same commands on the CPU, tiny (checks the
@@ -52,3 +54,17 @@ if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
 fi
 "$PY" -m ampsweep capacity "${budget[@]}" "precision=$cap_modes" "${cap[@]}" \
   tracking.experiment=gpu_check_capacity
+echo
+
+# A training step's memory at a larger batch predicted from one run, against a run at that
+# batch: the sweep's report says, per mode, "... step peak predicted from its batch-64 run:
+# batch 256: predicted ..., measured ... (error %)" (docs/memory.md).
+mem=(dataset.image_size=32 dataset.num_samples=1024 trainer.batch_size=64,256
+     trainer.max_steps=10 trainer.device=cuda)
+if [ "${AMPSWEEP_DRYRUN:-0}" = 1 ]; then
+  mem=(dataset.image_size=8 dataset.num_samples=40 trainer.batch_size=4,8 trainer.max_steps=2
+       trainer.device=cpu model.small_input_max_px=64)
+fi
+"$PY" -m ampsweep train -m precision=fp32,bf16 model=resnet18 dataset=synthetic \
+  dataset.channels=3 dataset.num_classes=10 "${mem[@]}" trainer.progress=false \
+  tracking.experiment=gpu_check_memory tracking.log_model=false

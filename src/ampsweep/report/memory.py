@@ -12,6 +12,7 @@ backward (the run's ``memory/activations_by_module.json``), where recorded.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from ampsweep.report.stats import SEED, config_key
 
 BATCH = "trainer.batch_size"
 MODULES_ARTIFACT = "memory/activations_by_module.json"
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 TOP_MODULES = 5  # the modules a row keeps of that artifact, largest first
 WEIGHTS = ("params", "grads", "optimizer", "master_weights")  # what autocast leaves in fp32
 DOMINANT = 0.5  # a share of the peak above which a part decides what shrinks it
@@ -62,6 +64,8 @@ def load_modules(client, run_id: str) -> list[dict]:
     from mlflow.exceptions import MlflowException
 
     folder, name = MODULES_ARTIFACT.rsplit("/", 1)
+    bar = os.environ.get(PROGRESS_BAR)
+    os.environ[PROGRESS_BAR] = "false"  # one small file a run: MLflow's bar would be noise
     try:
         if not any(f.path.endswith(name) for f in client.list_artifacts(run_id, folder)):
             return []
@@ -70,6 +74,11 @@ def load_modules(client, run_id: str) -> list[dict]:
             found = json.loads(Path(path).read_text())
     except (OSError, ValueError, MlflowException):
         return []
+    finally:
+        if bar is None:
+            os.environ.pop(PROGRESS_BAR, None)
+        else:
+            os.environ[PROGRESS_BAR] = bar
     return found if isinstance(found, list) else []
 
 
