@@ -243,8 +243,9 @@ def findings(group: list[Row], base: str, where: str) -> list[str]:
 
 
 def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
-    """``bf16 saved 4% of the step's peak against fp32 (...): the activations it halves are 9%
-    of fp32's peak at batch 8; the weights, gradients and optimizer state are 71%. ...``"""
+    """``bf16 saved 4% of the step's peak against fp32, 812 MiB vs 846 MiB at batch 8: the
+    activations and the temporaries beside them are 9% of fp32's peak; the weights, gradients
+    and optimizer state are 71%. What dominates does not shrink with autocast: ...``"""
     change = 1 - bd.total / ref.total
     verb = f"saved {percent(change)} of the step's peak against {ref.mode}"
     if change < 0:
@@ -272,7 +273,9 @@ def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
             f"its {modes.MODES[bd.mode].dtype} weight copies ({mib(cache)}) outweigh what it "
             f"saved of the activations ({mib(less)}); {why}"
         )
-    if weights >= DOMINANT:
+    if weights >= DOMINANT and not modes.MODES[bd.mode].autocast:
+        lead = "what shrinks the rest: "  # a pure mode has halved the weights already
+    elif weights >= DOMINANT:
         lead = "what dominates does not shrink with autocast: "
     elif act >= DOMINANT:
         lead = "the activations dominate, so autocast's saving is real: "
