@@ -39,7 +39,10 @@ class Score:
 
     @property
     def title(self) -> str:
-        """The label opening a sentence: ``Accuracy``."""
+        """The label opening a sentence: ``Accuracy``; one written with capitals of its own
+        stays as written (``mIoU``, ``AUROC``)."""
+        if self.label != self.label.lower():
+            return self.label
         return self.label[:1].upper() + self.label[1:]
 
     @property

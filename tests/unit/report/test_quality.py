@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ampsweep.config.score import ACCURACY, PERPLEXITY, Score
+from ampsweep.config.score import ACCURACY, MIOU, PERPLEXITY, Score
 from ampsweep.report import charts, render, sweeps
 from ampsweep.report.model import RunData
 from ampsweep.report.sweeps import make_report
@@ -223,3 +223,7 @@ def test_a_run_recorded_before_scores_were_reads_its_score_from_its_metrics():
     assert RunData("r", "fp32", "FINISHED", metrics={"val/loss": 2.0}).score is None
     recorded = RunData("r", "fp32", "FINISHED", tags=RMSE.tags(), metrics={"val/acc": 0.9})
     assert recorded.score == RMSE  # what the run recorded, not a guess on metric names
+
+
+def test_a_sentence_opens_with_the_label_and_keeps_an_acronym_as_written():
+    assert (ACCURACY.title, MIOU.title) == ("Accuracy", "mIoU")
