@@ -13,7 +13,8 @@ eligible when
   nor named by ``precision.fp8.keep_bf16`` (the filter written as config).
 
 Which layers are first and last, which are called, and the FLOPs each carries come from one
-forward pass of two samples traced on the meta device (``plan``). The run records every Linear
+forward pass of two samples traced on the meta device, or on the CPU where the model cannot run
+on meta (``plan``). The run records every Linear
 layer with its verdict and the share of the FLOPs the converted ones carry: fp8 can only speed
 up that share.
 """
@@ -103,7 +104,8 @@ def plan(
     kept: Callable[[str], bool] = lambda name: False,
 ) -> Conversion:
     """Which Linear layers of ``model`` fp8 would convert, from one forward pass of two
-    samples of ``x``, traced on the meta device (the model and ``x`` may be anywhere).
+    samples of ``x``, traced on the meta device, else on the CPU (the model and ``x`` may be
+    anywhere; ``_traced_flops``).
     ``kept``: whether a module stays in fp32 (precision.keep_fp32; its layers too)."""
     order: list[str] = []  # leaf layers with parameters, in the order they run
     tokens: dict[str, float] = {}  # rows each Linear multiplied, for its FLOPs
@@ -120,18 +122,15 @@ def plan(
                 tokens[name] = tokens.get(name, 0) + args[0].numel() / mod.in_features
 
         handles.append(module.register_forward_hook(hook))
-    # On the meta device: shapes only, no compute, no memory, and attention's FLOPs counted
-    # (the CPU's fused attention kernel is invisible to the counter). With gradients on, as in
-    # training: without them nn.MultiheadAttention takes a fused inference path, uncounted too.
-    state = {
-        n: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
-        for n, t in [*model.named_parameters(), *model.named_buffers()]
-    }
     was_training = model.training
     model.eval()  # no BatchNorm statistics touched, no dropout drawn
     try:
-        with torch.enable_grad(), FlopCounterMode(display=False) as counter:
-            torch.func.functional_call(model, state, (x[:2].to("meta"),))
+        try:
+            total_flops = _traced_flops(model, x, torch.device("meta"))
+        except (NotImplementedError, RuntimeError):  # e.g. a model that calls .item()
+            order.clear()
+            tokens.clear()
+            total_flops = _traced_flops(model, x, torch.device("cpu"))
     finally:
         model.train(was_training)
         for h in handles:
@@ -161,7 +160,29 @@ def plan(
         rows = tokens.get(name, 0) / len(x[:2])
         layers.append(Layer(name, i, o, flops, not reason, reason, rows))
     _check_keep_bf16(cfg.keep_bf16, [la.name for la in layers])
-    return Conversion(recipe, cfg.emulate, layers, float(counter.get_total_flops()))
+    return Conversion(recipe, cfg.emulate, layers, total_flops)
+
+
+def _traced_flops(model: nn.Module, x: torch.Tensor, device: torch.device) -> float:
+    """The forward FLOPs of two samples of ``x`` through ``model`` on ``device``, its hooks
+    firing. On the meta device: shapes only, no compute, no memory, and attention's FLOPs
+    counted (the CPU's fused attention kernel is invisible to the counter). A model that reads
+    a value of a tensor (Hugging Face's packed-sequence check calls ``.item()``) cannot run
+    there: it runs on the CPU, on its own tensors or zeros where it lives on meta. With
+    gradients on, as in training: without them nn.MultiheadAttention takes a fused inference
+    path, uncounted too."""
+
+    def stand_in(t: torch.Tensor) -> torch.Tensor:
+        if device.type == "meta":
+            copy = torch.empty_like(t, device="meta")
+        else:
+            copy = torch.zeros_like(t, device=device) if t.is_meta else t.detach().to(device)
+        return copy.requires_grad_(t.requires_grad)
+
+    state = {n: stand_in(t) for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    with torch.enable_grad(), FlopCounterMode(display=False) as counter:
+        torch.func.functional_call(model, state, (x[:2].to(device),))
+    return float(counter.get_total_flops())
 
 
 def _named(name: str, patterns: list[str]) -> bool:

@@ -114,3 +114,31 @@ def test_the_filter_keeps_the_layers_predicted_to_lose_beside_torchaos_choice():
         "no Linear layer is predicted to gain from fp8_tensorwise on the H100 SXM at batch 8: "
         "stay with bf16"
     )
+
+
+class ReadsAValue(nn.Module):
+    """A model whose forward reads a tensor's value, as Hugging Face's packed-sequence check
+    does: it cannot run on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(64, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        if x.sum().item() >= 0:  # a value: .item() on a meta tensor raises
+            x = x.abs()
+        return self.second(self.first(x))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_model_that_reads_a_value_is_planned_on_the_cpu(device):
+    """Planned on the CPU where the meta trace fails, from the model's own tensors, or from
+    zeros where it lives on the meta device (the check before a run)."""
+    with torch.device(device):
+        model = ReadsAValue()
+    planned = plan(model, X, Fp8Config(keep_first_last=False), "tensorwise")
+    assert planned.converted == ["first", "second"]
+    assert planned.total_flops == 2.0 * 2 * (64 * 32 + 32 * 16)
+    assert [la.rows for la in planned.layers] == [1.0, 1.0]
+    assert next(model.parameters()).device.type == device
