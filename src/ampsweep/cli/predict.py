@@ -93,38 +93,23 @@ def plan(overrides: list[str]):
 def describe(cfg, gpu):
     """Build the model and a batch, trace one step, and say what the prediction needs; with
     fp8's layer filter on ``gpu`` (``cli.predict_fp8``)."""
-    from torch import nn
-
     from ampsweep.cli.predict_fp8 import advise
     from ampsweep.engine.build import build
     from ampsweep.engine.capacity import batch_of
     from ampsweep.engine.fp8 import plan as fp8_plan
-    from ampsweep.measure.prediction import Model
-    from ampsweep.measure.trace import trace_step
+    from ampsweep.engine.measured import traced_model
 
     setup = build(cfg)
     x, y = batch_of(setup, cfg.trainer.batch_size)
-    ops = trace_step(setup.model, x, y, setup.objective)
-    weights = {}
-    for name, module in setup.model.named_modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter) and weight.dim() >= 2:
-            if not isinstance(module, nn.Embedding):  # a lookup: autocast casts no table
-                weights[name] = weight.numel()
-    params = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
-    optimizer = type(setup.optimizer).__name__.lower()
-    momentum = setup.optimizer.defaults.get("momentum", 0)
-    states = 2 if "adam" in optimizer else 1 if momentum else 0
     try:
         converted: frozenset[str] | None = frozenset(
             fp8_plan(setup.model, x, cfg.precision.fp8, "tensorwise").converted
         )
         fp8 = advise(setup.model, x, cfg, gpu)
-    except (RuntimeError, NotImplementedError):  # the plan traces on meta, where it cannot run
+    except (RuntimeError, NotImplementedError):  # a model that runs neither on meta nor CPU
         converted, fp8 = None, []
-    types = {name: type(module).__name__ for name, module in setup.model.named_modules()}
-    micro = cfg.trainer.grad_accum_steps
-    return Model(ops, weights, params, states, converted, micro, types), fp8
+    model = traced_model(setup.model, x, y, setup.objective, setup.optimizer, converted, cfg)
+    return model, fp8
 
 
 # A recorded run's overrides that are not the model, data and batch: the mode (every one is
@@ -160,7 +145,8 @@ def as_json(prediction, cfg) -> dict:
             "kernels": m.kernels,
             "layers": [
                 {"name": la.name, "type": la.type, "ms": la.seconds * 1e3,
-                 "gflop": la.flops / 1e9, "bound": la.bound, "fp8": la.fp8}
+                 "math_ms": la.math_s * 1e3, "gflop": la.flops / 1e9, "bound": la.bound,
+                 "fp8": la.fp8}
                 for la in m.top(len(m.layers))
             ],
         }  # fmt: skip

@@ -6,8 +6,10 @@ attention at the dense peak of the mode's math (fp32, TF32, fp16 or bf16); every
 floating-point bytes at 4 bytes an element in fp32 and tf32, at 2 in a pure mode, and under
 autocast at 2 except for the ops autocast keeps in fp32 (norms, softmax, losses, reductions).
 Autocast adds the casts of each matmul and convolution weight to the half dtype (forward) and
-of its gradient back to fp32 (backward). An fp8 mode replaces the three matmuls of each Linear
-layer it converts by fp8 ones and torchao's cast kernels (``roofline.linear_times``). The
+of its gradient back to fp32 (backward). Each ``nn.Linear``'s matmuls (output, grad_input,
+grad_weight) are timed by ``roofline.linear_times``, the one account fp8's layer filter reads
+too: in the mode's format, and in fp8 with torchao's cast kernels for the layers an fp8 mode
+converts. ``torch.compile`` is not modelled: a compiled run is predicted as eager. The
 optimizer's update is one pass over the parameters, gradients and its state; a loss scaler's
 unscale one more over the gradients.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ampsweep.measure.capacity import error_pct
 from ampsweep.measure.roofline import Gpu, Kernel, kernel, linear_times, matmul
 from ampsweep.measure.trace import Op
 from ampsweep.precision.modes import BASELINE, MODES, PrecisionMode
@@ -50,10 +53,13 @@ class Layer:
     by_bound: dict[str, float] = field(default_factory=dict)
     fp8: bool = False
     type: str = ""  # the module's class ("Linear", "Conv2d", ...)
+    math_s: float = 0.0  # of its seconds, in matmuls, convolutions and attention
 
     def add(self, k: Kernel, flops: float = 0.0, times: int = 1) -> None:
         self.seconds += k.seconds * times
         self.flops += flops * times
+        if flops:
+            self.math_s += k.seconds * times
         self.by_bound[k.bound] = self.by_bound.get(k.bound, 0.0) + k.seconds * times
 
     @property
@@ -101,6 +107,27 @@ def why_not(gpu: Gpu, model: Model, mode: PrecisionMode) -> str:
     return ""
 
 
+def linear_layers(model: Model, converted: frozenset[str]) -> dict[str, bool]:
+    """The modules whose matmuls are one ``nn.Linear``'s (its class is Linear, or fp8 converts
+    it) and were traced as 2-D matmuls: each is timed by ``roofline.linear_times``, as fp8's
+    layer filter times it. The value: whether its backward computes the input's gradient
+    (autograd skips it where the input needs none: a first layer on the data)."""
+    forward: dict[str, int] = {}
+    backward: dict[str, int] = {}
+    shapeless = set()
+    for op in model.ops:
+        if op.kind == "matmul":
+            counts = backward if op.backward else forward
+            counts[op.module] = counts.get(op.module, 0) + 1
+            if not op.backward and not op.shape:
+                shapeless.add(op.module)
+    return {
+        name: backward.get(name, 0) >= 2 * count
+        for name, count in forward.items()
+        if name not in shapeless and (model.types.get(name) == "Linear" or name in converted)
+    }
+
+
 def predict_mode(gpu: Gpu, model: Model, mode: PrecisionMode) -> ModeTime | None:
     """``mode``'s step on ``gpu``; None where it cannot be predicted (``why_not``)."""
     if why_not(gpu, model, mode):
@@ -120,15 +147,19 @@ def predict_mode(gpu: Gpu, model: Model, mode: PrecisionMode) -> ModeTime | None
         if flops:
             step.math_s += k.seconds * times
 
+    linears = linear_layers(model, converted)
     for op in model.ops:
-        if op.module in converted and op.kind == "matmul":
-            if op.backward or not op.shape:
-                continue  # counted with its forward: linear_times has all three matmuls
+        if op.kind == "matmul" and op.module in linears:
+            if op.backward:
+                continue  # counted with its forward: linear_times has the backward's matmuls
             rows, inner, outer = op.shape
-            linear = linear_times(gpu, rows, inner, outer, f"fp8_{mode.fp8}")
+            fmt = f"fp8_{mode.fp8}" if op.module in converted else kind
+            linear = linear_times(gpu, rows, inner, outer, fmt, linears[op.module])
             for each in linear.kernels:
                 add(op.module, each)
-            step.layers[op.module].flops += 3 * op.flops * n  # backward: twice the forward
+            per_matmul = op.flops * (1 + linears[op.module])  # each backward's as the forward's
+            step.layers[op.module].flops += (op.flops + per_matmul) * n
+            step.layers[op.module].math_s += linear.matmul_s * n
             step.math_s += linear.matmul_s * n
             continue
         half = mode.half and (mode.pure or not op.fp32_under_autocast)
@@ -150,6 +181,21 @@ def predict_mode(gpu: Gpu, model: Model, mode: PrecisionMode) -> ModeTime | None
     if mode.scaler:
         add(SCALER, kernel(gpu, 0.0, 2 * size * model.params), times=1)
     return step
+
+
+def against_measured(
+    gpu: Gpu, model: Model, mode: PrecisionMode, measured_ms: float
+) -> dict[str, float]:
+    """What a run on ``gpu`` records of its own mode's prediction: ``predict/step_ms``, and
+    ``predict/error_pct``, the prediction's error against the measured median step in percent
+    of it (negative: predicted faster than measured); nothing where the mode cannot be
+    predicted on this GPU."""
+    step = predict_mode(gpu, model, mode)
+    predicted_ms = step.step_s * 1e3 if step else None
+    error = error_pct(predicted_ms, measured_ms)  # as capacity's batch check reads its own
+    if predicted_ms is None or error is None:
+        return {}
+    return {"predict/step_ms": predicted_ms, "predict/error_pct": error}
 
 
 @dataclass

@@ -234,11 +234,13 @@ class LinearTime:
         return self.forward + self.backward
 
 
-def linear_times(gpu: Gpu, m: int, k: int, n: int, fmt: str) -> LinearTime:
+def linear_times(gpu: Gpu, m: int, k: int, n: int, fmt: str, grad_input: bool = True) -> LinearTime:
     """An ``nn.Linear`` of ``k`` inputs and ``n`` outputs on ``m`` rows, forward (output) and
-    backward (grad_input, grad_weight), in ``fmt`` (one of ``FORMATS``). fp8: the matmuls in
-    fp8 with bf16 outputs, plus torchao's kernels that cast input, weight and grad_output from
-    bf16 (``fp8_casts``). Raises ValueError for a format this GPU has no tensor cores for."""
+    backward (grad_input, unless ``grad_input`` is false, and grad_weight), in ``fmt`` (one of
+    ``FORMATS``): how ``ampsweep predict`` times every Linear, in a mode's step and in fp8's
+    layer filter. fp8: the matmuls in fp8 with bf16 outputs, plus torchao's kernels that cast
+    input, weight and grad_output from bf16 (``fp8_casts``). Raises ValueError for a format
+    this GPU has no tensor cores for."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt}: choose one of {', '.join(FORMATS)}")
     recipe = fmt.removeprefix("fp8_") if fmt.startswith("fp8_") else ""
@@ -251,7 +253,7 @@ def linear_times(gpu: Gpu, m: int, k: int, n: int, fmt: str) -> LinearTime:
     def mm(a: int, b: int, c: int) -> Kernel:
         return matmul(gpu, a, b, c, kind, size, out)
 
-    forward, backward = [mm(m, k, n)], [mm(m, n, k), mm(k, m, n)]
+    forward, backward = [mm(m, k, n)], [mm(m, n, k), mm(k, m, n)][not grad_input :]
     matmul_s = sum(k.seconds for k in forward + backward)
     if recipe:
         fwd_casts, bwd_casts = fp8_casts(gpu, m, k, n, recipe)

@@ -5,7 +5,7 @@
 operation that launches a kernel: its name, the module it runs in (forward or backward), its
 FLOPs (``torch.utils.flop_counter``'s formulas: matmuls, convolutions, attention) and the
 bytes it reads and writes. A module that cannot run on the meta device is traced on the CPU
-instead, with real tensors (slower, same record).
+instead, with real tensors (slower, same record; zeros where the model lives on meta).
 
 Operations that only re-describe memory (views, transposes, detach) launch no kernel and are
 left out. Bytes are counted at the traced dtypes (fp32): the roofline rescales the floating
@@ -204,11 +204,16 @@ def trace_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss: L
 
 def _trace(model, x, y, loss, device: torch.device) -> list[Op]:
     def stand_in(t: torch.Tensor) -> torch.Tensor:
-        copy = torch.empty_like(t, device="meta") if device.type == "meta" else t.detach()
-        return copy.to(device).requires_grad_(t.requires_grad)
+        if device.type == "meta":
+            copy = torch.empty_like(t, device="meta")
+        else:  # zeros for a model that lives on the meta device: only shapes matter
+            copy = torch.zeros_like(t, device=device) if t.is_meta else t.detach().to(device)
+        return copy.requires_grad_(t.requires_grad)
 
     params = {n: stand_in(p) for n, p in model.named_parameters()}
-    buffers = {n: b.to(device).clone() for n, b in model.named_buffers()}
+    buffers = {n: stand_in(b).clone() for n, b in model.named_buffers()}
+    if x.is_floating_point():
+        x = x.float()  # the step is traced in fp32 (a pure mode's run feeds its half dtype)
     leaves = [p for p in params.values() if p.requires_grad]
     with ModuleTracker() as tracker, _Recorder(tracker) as recorder:
         with torch.enable_grad(), torch.random.fork_rng(devices=[]):

@@ -42,6 +42,13 @@ def test_the_gpt_is_predicted_to_gain_from_half_precision_with_fp8_layers_named(
     assert "blocks.0.mlp.0" in fp8 and "head" not in fp8  # the last layer stays in bf16
     # its 128-wide Linear layers are too small for fp8's casts to pay
     assert modes["fp8_tensorwise"]["step_ms"] > modes["bf16"]["step_ms"]
+    # fp8's per-layer filter and the mode table time each Linear's bf16 matmuls alike
+    table = {row["name"]: row for row in modes["bf16"]["layers"]}
+    advice = json.loads(result.out)["fp8_filter"]["fp8_tensorwise"]["layers"]
+    judged = [row for row in advice if row["bf16_s"] is not None]
+    assert judged
+    for row in judged:
+        assert row["bf16_s"] * 1e3 == pytest.approx(table[row["name"]]["math_ms"]), row["name"]
 
 
 def test_a_gpu_without_fp8_says_which_modes_it_cannot_run(main, tmp_path):
@@ -85,3 +92,18 @@ def test_the_report_carries_the_prediction_for_the_gpu_named(three_mode_sweep, m
     assert not [f for f in plain if f.startswith("Predicted")]  # only when asked
     unknown = main(*args, "--gpu", "h1000")
     assert unknown.code == 2 and "--gpu h1000: not a GPU ampsweep knows" in unknown.err
+
+
+def test_a_hugging_face_model_that_reads_a_tensor_is_predicted_in_both_fp8_modes(main):
+    """Its packed-sequence check calls .item(), which the meta device refuses: fp8's plan is
+    traced on the CPU instead."""
+    pytest.importorskip("transformers")
+    hf = ["model=hf_causal_lm", "dataset=pysource", "dataset.max_bytes=20000",
+          "dataset.seq_len=32", "model.hidden_size=32", "model.num_attention_heads=2"]  # fmt: skip
+    result = main("predict", "--gpu", "h100", "--format", "json", *hf)
+    assert result.code == 0, result.err
+    out = json.loads(result.out)
+    assert out["cannot_run"] == {}
+    fp8 = [row for row in out["modes"]["fp8_rowwise"]["layers"] if row["fp8"]]
+    assert any(row["name"].endswith("mlp.up_proj") for row in fp8)
+    assert set(out["fp8_filter"]) == {"fp8_tensorwise", "fp8_rowwise"}

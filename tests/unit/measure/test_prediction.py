@@ -3,8 +3,8 @@ one of large matmuls gains from half precision and fp8."""
 
 import pytest
 
-from ampsweep.measure.prediction import HELPS, LOSS, OPTIMIZER, Model, predict
-from ampsweep.measure.roofline import gpu_spec
+from ampsweep.measure.prediction import HELPS, LOSS, OPTIMIZER, Model, against_measured, predict
+from ampsweep.measure.roofline import gpu_spec, linear_times
 from ampsweep.measure.trace import Op
 
 
@@ -58,3 +58,36 @@ def test_fp8_layers_unknown_leave_fp8_unpredicted_with_the_reason():
     model = Model(large().ops, {"fc": 1}, 1, 2, fp8_layers=None)
     prediction = predict(gpu_spec("h100"), model)
     assert "meta device" in prediction.cannot["fp8_tensorwise"] and "bf16" in prediction.modes
+
+
+def test_a_linear_is_timed_by_linear_times_in_every_mode_and_without_a_grad_input_it_skips():
+    """One account of a Linear's matmuls: the mode's step and fp8's layer filter agree."""
+    h100 = gpu_spec("h100")
+    prediction = predict(h100, large())
+    for mode, fmt in (("fp32", "fp32"), ("tf32", "tf32"), ("bf16", "bf16"), ("fp16_pure", "fp16")):
+        layer = prediction.modes[mode].layers["fc"]
+        assert layer.math_s == pytest.approx(linear_times(h100, 8192, 8192, 8192, fmt).matmul_s)
+    fp8 = prediction.modes["fp8_tensorwise"].layers["fc"].math_s
+    assert fp8 == pytest.approx(linear_times(h100, 8192, 8192, 8192, "fp8_tensorwise").matmul_s)
+    # a first layer on the data: autograd computes its weight's gradient only
+    m, k, n = 4096, 1024, 8192
+    fwd = Op("addmm", "fc", False, 2.0 * m * k * n, 0, 0, (m, k, n))
+    grad_weight = Op("mm", "fc", True, 2.0 * m * k * n, 0, 0, (n, m, k))
+    first = Model([fwd, grad_weight], {"fc": k * n}, k * n, 2, types={"fc": "Linear"})
+    layer = predict(h100, first).modes["bf16"].layers["fc"]
+    two = linear_times(h100, m, k, n, "bf16", grad_input=False)
+    assert len(two.kernels) == 2 and layer.math_s == pytest.approx(two.matmul_s)
+    assert layer.flops == pytest.approx(2 * 2.0 * m * k * n)
+
+
+def test_a_runs_prediction_against_its_measured_step_is_negative_when_predicted_faster():
+    h100 = gpu_spec("h100")
+    bf16 = predict(h100, large()).modes["bf16"].step_s * 1e3
+    from ampsweep.precision.modes import MODES
+
+    got = against_measured(h100, large(), MODES["bf16"], measured_ms=2 * bf16)
+    assert got == pytest.approx({"predict/step_ms": bf16, "predict/error_pct": -50.0})
+    slower = against_measured(h100, large(), MODES["bf16"], measured_ms=bf16 / 2)
+    assert slower["predict/error_pct"] == pytest.approx(100.0)
+    # a mode the GPU cannot run records nothing
+    assert against_measured(gpu_spec("v100"), large(), MODES["bf16"], measured_ms=1.0) == {}

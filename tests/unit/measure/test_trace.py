@@ -64,3 +64,15 @@ def test_a_model_that_cannot_run_on_meta_is_traced_on_the_cpu():
     ops = trace_step(Counting(), torch.randn(16, 8), torch.randint(0, 4, (16,)), loss)
     fc = [op for op in ops if op.module == "fc" and op.kind == "matmul"]
     assert len(fc) == 2 and fc[0].shape == (16, 8, 4) and fc[1].backward
+
+
+def test_a_model_built_on_meta_that_cannot_run_there_is_traced_on_zeros_in_fp32():
+    """What a run records its prediction from: its model built anew on the meta device, fed
+    the run's batch (in a pure mode's half dtype)."""
+    with torch.device("meta"):
+        model = Counting()
+    x = torch.randn(16, 8, dtype=torch.bfloat16)
+    ops = trace_step(model, x, torch.randint(0, 4, (16,)), loss)
+    fc = [op for op in ops if op.module == "fc" and op.kind == "matmul"]
+    assert fc[0].shape == (16, 8, 4) and fc[0].float_bytes == 4 * (16 * 8 + 8 * 4 + 4 + 16 * 4)
+    assert model.fc.weight.is_meta
