@@ -29,7 +29,7 @@ from ampsweep.measure.names import (
 )
 from ampsweep.precision import modes
 from ampsweep.precision.modes import BASELINE
-from ampsweep.report import memory, quality
+from ampsweep.report import memory, predicted, quality
 from ampsweep.report.findings import findings, untimed_findings
 from ampsweep.report.model import Report, Row, RunData, is_number, parse_number
 from ampsweep.report.recommend import recommend
@@ -49,7 +49,7 @@ from ampsweep.tracking.store import (
 )
 
 HISTORY_KEYS = ("val/loss", "amp/loss_scale")  # step-wise metrics the charts draw
-OPTIONAL_PREFIXES = ("amp/grad_",)  # e.g. amp/grad_underflow_frac: columns only when logged
+OPTIONAL_PREFIXES = ("amp/grad_", "predict/")  # e.g. amp/grad_underflow_frac: when logged
 # The loss scaler's history and settings
 LOSS_SCALE, TRAIN_STEPS = "amp/loss_scale", "train/steps"
 SCALER = "precision.scaler."  # its params: min_scale, growth_interval, dynamic
@@ -383,6 +383,7 @@ def make_report(
     found = findings(summary, device, baseline_mode, words, targets)
     found += untimed_findings(rows, runs)
     found += memory.prediction_findings(rows, runs)
+    found += predicted.findings(summary)
     unrun = not_run_finding(sweep)
     if unrun:
         found.insert(0, unrun)
