@@ -103,7 +103,7 @@ def why_not(gpu: Gpu, model: Model, mode: PrecisionMode) -> str:
         if getattr(gpu, kind) is None:
             return f"the {gpu.label} has no {kind} tensor cores"
     if mode.fp8 and model.fp8_layers is None:
-        return "which layers fp8 converts is decided on the meta device, where this model fails"
+        return "which layers fp8 converts is decided by a forward pass this model fails"
     return ""
 
 
