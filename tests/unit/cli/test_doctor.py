@@ -5,22 +5,11 @@ accuracy; a model without a defect gets no prescription; bad input is one line."
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from conftest import REPO, all_runs
+from conftest import all_runs
 from omegaconf import OmegaConf
 
 SHORT = ["trainer.max_steps=40", "trainer.epochs=3", "trainer.log_every=5"]
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch, store_uri):
-    """The example project with the defect models, in this test's folder (its store)."""
-    shutil.copytree(REPO / "examples" / "doctor", tmp_path, dirs_exist_ok=True)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
 
 
 CASES = {

@@ -6,24 +6,14 @@ runs get the user's precision.fp8.emulate=true."""
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
-from conftest import REPO, all_runs
+from conftest import all_runs
 from omegaconf import OmegaConf
 
 from ampsweep.cli.doctor_fp8 import launch_settings
 
 pytest.importorskip("torchao", reason="fp8 needs the fp8 extra: pip install -e '.[fp8]'")
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch, store_uri):
-    """The example project with the defect models, in this test's folder (its store)."""
-    shutil.copytree(REPO / "examples" / "doctor", tmp_path, dirs_exist_ok=True)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
 
 
 @pytest.mark.slow
