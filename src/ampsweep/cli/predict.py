@@ -5,7 +5,9 @@ The configured model and batch (the overrides ``ampsweep train`` takes) are buil
 one training step is traced on the meta device (``measure.trace``), and the roofline times it
 per mode on the named GPU (``measure.prediction``): each mode's step time, its speed-up against
 fp32 and TF32, the layers that take the time and what bounds each. Nothing is trained or
-recorded.
+recorded. Beside it, fp8's layer filter (``engine.fp8.fp8_filter``): per Linear layer and fp8
+recipe, the predicted speed-up against bf16, torchao's own auto-filter's choice, and the
+``precision.fp8.keep_bf16=[...]`` that keeps the layers predicted to lose in bf16.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ import argparse
 import json
 import math
 import sys
+from typing import TYPE_CHECKING
+
+from rich.markup import escape
 
 from ampsweep import console
 from ampsweep.config.schema import ConfigError
-from ampsweep.precision.modes import BASELINE
+from ampsweep.precision.modes import BASELINE, MODES
+
+if TYPE_CHECKING:  # named only: the engine imports torch
+    from ampsweep.engine.fp8 import FilterAdvice, LayerAdvice
 
 DEFAULT_GPU = "h100"
 TOP = 10
@@ -55,7 +63,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as err:
         console.error(str(err))
         return 2
-    from ampsweep.cli import predict_fp8
     from ampsweep.measure.prediction import predict
 
     try:
@@ -65,11 +72,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return 2
     prediction = predict(gpu, model)
     if args.fmt == "json":
-        data = {**as_json(prediction, cfg), "fp8_filter": predict_fp8.as_json(fp8)}
+        data = {**as_json(prediction, cfg), "fp8_filter": fp8_json(fp8)}
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         print_prediction(prediction, cfg, args.top)
-        predict_fp8.print_advice(fp8, args.top)  # which layers fp8 is predicted to speed up
+        print_fp8_advice(fp8, args.top)  # which layers fp8 is predicted to speed up
     return 0
 
 
@@ -92,8 +99,7 @@ def plan(overrides: list[str]):
 
 def describe(cfg, gpu):
     """Build the model and a batch, trace one step, and say what the prediction needs; with
-    fp8's layer filter on ``gpu`` (``cli.predict_fp8``)."""
-    from ampsweep.cli.predict_fp8 import advise
+    fp8's layer filter on ``gpu`` (``fp8_advice``)."""
     from ampsweep.engine.build import build
     from ampsweep.engine.capacity import batch_of
     from ampsweep.engine.fp8 import plan as fp8_plan
@@ -105,7 +111,7 @@ def describe(cfg, gpu):
         converted: frozenset[str] | None = frozenset(
             fp8_plan(setup.model, x, cfg.precision.fp8, "tensorwise").converted
         )
-        fp8 = advise(setup.model, x, cfg, gpu)
+        fp8 = fp8_advice(setup.model, x, cfg, gpu)
     except (RuntimeError, NotImplementedError):  # a model that runs neither on meta nor CPU
         converted, fp8 = None, []
     model = traced_model(setup.model, x, y, setup.objective, setup.optimizer, converted, cfg)
@@ -228,3 +234,68 @@ def print_layers(prediction, top: int) -> None:
             cells += ["-", ""] if mine is None else [_ms(mine.seconds), mine.bound + fp8]
         table.add_row(*cells)
     console.console.print(table)
+
+
+# ---------------------------------------------------------------- fp8's layer filter
+
+
+def fp8_advice(model, x, cfg, gpu) -> list[FilterAdvice]:
+    """The filter of each fp8 mode on ``model`` (fp32, any device) with a batch like ``x``,
+    at the config's batch size; none on a GPU without fp8 tensor cores."""
+    from ampsweep.engine.fp8 import fp8_filter, plan
+
+    if gpu.peak("fp8") is None:
+        return []
+    fp8 = cfg.precision.fp8
+    recipes = dict.fromkeys(m.fp8 for m in MODES.values() if m.fp8)
+    return [
+        fp8_filter(plan(model, x, fp8, recipe), gpu, cfg.trainer.batch_size, fp8.keep_bf16)
+        for recipe in recipes
+    ]
+
+
+def fp8_json(advice: list[FilterAdvice]) -> dict:
+    """``{"fp8_tensorwise": {...}, ...}``: each mode's layers, override and verdict."""
+    return {f"fp8_{a.recipe}": a.table() for a in advice}
+
+
+def _time_ms(la: LayerAdvice) -> float:
+    return (la.bf16_s or 0.0) * 1e3
+
+
+def print_fp8_advice(advice: list[FilterAdvice], top: int) -> None:
+    """One table: the layers fp8 could take, the ``top`` by bf16 time first, a speed-up and
+    torchao's choice per recipe; then each recipe's verdict with its override."""
+    from rich import box
+    from rich.table import Table
+
+    if not advice:
+        return
+    layers = sorted(zip(*(a.layers for a in advice), strict=True), key=lambda ls: -_time_ms(ls[0]))
+    console.console.print(
+        f"fp8 per Linear layer (predicted against bf16 on the {escape(advice[0].gpu)}; torchao: "
+        "whether its auto-filter converts the layer)"
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("layer", no_wrap=True)
+    table.add_column("M x K x N", justify="right", no_wrap=True)
+    table.add_column("bf16 ms", justify="right")
+    for a in advice:
+        table.add_column(f"{a.recipe}", justify="right", no_wrap=True)
+        table.add_column("torchao")
+    for row in layers[:top]:
+        first = row[0]
+        cells = [escape(first.name), f"{first.m}x{first.k}x{first.n}"]
+        cells.append("-" if first.bf16_s is None else f"{_time_ms(first):.3g}")
+        for la in row:
+            gain = "-" if la.speedup is None else f"{la.speedup:.2f}x {'fp8' if la.fp8 else 'bf16'}"
+            cells += [gain, {True: "fp8", False: "bf16", None: "-"}[la.torchao]]
+        table.add_row(*cells)
+    console.console.print(table)
+    if len(layers) > top:
+        console.console.print(f"({len(layers) - top} more Linear layers: --top {len(layers)})")
+    out = [f"{ls[0].name}: {ls[0].why}" for ls in layers if ls[0].speedup is None]
+    if out:  # out of fp8 whatever the GPU
+        console.console.print(escape("kept out by the model or the config: " + "; ".join(out)))
+    for a in advice:
+        console.console.print(escape(a.verdict()))

@@ -1,4 +1,4 @@
-"""cli/predict_fp8.py: what ``ampsweep predict`` shows of fp8's layer filter: per layer and
+"""cli/predict.py: what ``ampsweep predict`` shows of fp8's layer filter: per layer and
 recipe the predicted speed-up against bf16 beside torchao's choice, and the override."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import torch
 from torch import nn
 
-from ampsweep.cli.predict_fp8 import advise, as_json, print_advice
+from ampsweep.cli.predict import fp8_advice, fp8_json, print_fp8_advice
 from ampsweep.config.compose import load
 from ampsweep.measure.roofline import gpu_spec
 
@@ -21,16 +21,16 @@ def model() -> nn.Module:
 
 def test_each_fp8_recipe_has_its_rows_verdict_and_override(capsys):
     cfg = load(["trainer.batch_size=16384"])
-    advice = advise(model(), torch.zeros(2, 64), cfg, gpu_spec("h100"))
+    advice = fp8_advice(model(), torch.zeros(2, 64), cfg, gpu_spec("h100"))
     assert [a.recipe for a in advice] == ["tensorwise", "rowwise"]
     for a in advice:
         assert a.override() == "precision.fp8.keep_bf16=[2]"  # 8192x64: predicted to lose
-    data = as_json(advice)
+    data = fp8_json(advice)
     assert set(data) == {"fp8_tensorwise", "fp8_rowwise"}
     rows = data["fp8_tensorwise"]["layers"]
     assert [(r["name"], r["m"], r["k"], r["n"]) for r in rows][1] == ("1", 16384, 4096, 8192)
     assert rows[1]["speedup"] > 1.2 and rows[1]["fp8"] and rows[1]["torchao"] is True
-    print_advice(advice, top=2)
+    print_fp8_advice(advice, top=2)
     out = " ".join(capsys.readouterr().out.split())
     assert "16384x4096x8192" in out and "(2 more Linear layers: --top 4)" in out
     assert "fp8_tensorwise on the H100 SXM at batch 16384: 1 of the 2 Linear layers" in out
@@ -39,8 +39,8 @@ def test_each_fp8_recipe_has_its_rows_verdict_and_override(capsys):
 
 def test_a_gpu_without_fp8_tensor_cores_gets_no_filter(capsys):
     cfg = load([])
-    assert advise(model(), torch.zeros(2, 64), cfg, gpu_spec("a100")) == []
-    print_advice([], top=5)
+    assert fp8_advice(model(), torch.zeros(2, 64), cfg, gpu_spec("a100")) == []
+    print_fp8_advice([], top=5)
     assert capsys.readouterr().out == ""
 
 
