@@ -30,6 +30,12 @@ SKIP = 1.0
 """
 
 
+def results_table(stdout: str) -> str:
+    """The report's table of runs: from its title to the memory table (or the findings)."""
+    table = stdout[stdout.index("\nSweep ") :]
+    return table.split("Memory of a training step")[0].split("Findings")[0]
+
+
 def test_a_changed_model_is_trained_again_and_a_reused_row_is_marked(tmp_path, store_uri):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
@@ -49,7 +55,7 @@ def test_a_changed_model_is_trained_again_and_a_reused_row_is_marked(tmp_path, s
     same = run_cli(sweep, tmp_path)
     assert same.returncode == 0, same.stderr[-2000:]
     assert same.stdout.count("skipped, the identical config FINISHED") == 2, same.stdout
-    table = same.stdout[same.stdout.index("\nSweep ") :].split("Findings")[0]
+    table = results_table(same.stdout)
     rows = [line for line in table.splitlines() if line.strip().startswith(("fp32", "bf16"))]
     assert len(rows) == 2 and all("earlier" in row for row in rows), table
     # The model's code changes (its skip connection scaled by 0.5): both jobs train again.
@@ -62,5 +68,5 @@ def test_a_changed_model_is_trained_again_and_a_reused_row_is_marked(tmp_path, s
     assert all("with other code (model.target.sha256: " in line for line in reasons), reasons
     children = [r for r in all_runs(store_uri) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
-    table = edited.stdout[edited.stdout.index("\nSweep ") :].split("Findings")[0]
+    table = results_table(edited.stdout)
     assert "earlier" not in table
