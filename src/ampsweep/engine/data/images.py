@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ampsweep.config.schema import ConfigError, DatasetConfig
-from ampsweep.engine.data import DATASETS, Splits
+from ampsweep.engine.data import DATASETS, Splits, split_indices
 from ampsweep.engine.registry import positive
 
 Stats = tuple[list[float], list[float]]  # per-channel mean and std
@@ -35,13 +35,6 @@ def _normalise(x: torch.Tensor, cfg: DatasetConfig, default: Stats) -> torch.Ten
     m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return (x - m) / s
-
-
-def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation indices of ``n`` samples: a fixed permutation of ``seed``."""
-    order = np.random.default_rng(seed).permutation(n)
-    n_val = max(1, int(round(n * val_fraction)))
-    return order[n_val:], order[:n_val]
 
 
 def _from_arrays(cfg: DatasetConfig, x, y, num_classes: int, stats) -> Splits:

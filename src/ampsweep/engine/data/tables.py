@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 from ampsweep.config.schema import DatasetConfig
-from ampsweep.engine.data import DATASETS, Splits
-from ampsweep.engine.data.images import split_indices
+from ampsweep.engine.data import DATASETS, Splits, split_indices
 
 
 def _sklearn_file(name: str) -> Path:

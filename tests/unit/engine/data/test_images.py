@@ -190,13 +190,6 @@ def test_digits_split_is_fixed_by_split_seed():
     assert not torch.equal(a.val[1], other.val[1])
 
 
-def test_split_is_disjoint_and_complete():
-    train, val = images.split_indices(1797, 0.2, seed=0)
-    assert not set(train) & set(val)
-    assert sorted([*train, *val]) == list(range(1797))
-    assert np.array_equal(images.split_indices(1797, 0.2, seed=0)[1], val)
-
-
 def test_synthetic_is_deterministic_and_learnable():
     cfg = dataset("synthetic", num_samples=600, image_size=8, channels=3, num_classes=5)
     a, b = data.load(cfg), data.load(cfg)
