@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
         "--memory-budget",
         "--budget",
         metavar="SIZE",
+        action=Spelled,
         help="the budget the prediction assumes, e.g. 80GiB (default: the GPU's memory)",
     )
     p.add_argument(
@@ -50,12 +51,21 @@ def add_parser(sub) -> None:
         "--limit", type=int, default=DEFAULT_LIMIT, help=f"largest batch tried ({DEFAULT_LIMIT})"
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    p.set_defaults(func=cmd_capacity)
+    p.set_defaults(func=cmd_capacity, memory_budget_flag=None)
+
+
+class Spelled(argparse.Action):
+    """Stores the value, and in ``<dest>_flag`` the option that gave it: an option with two
+    spellings is named in an error as the user typed it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     try:
-        budget = parse_budget(args.memory_budget)
+        budget = parse_budget(args.memory_budget, args.memory_budget_flag)
         if args.limit < 1:
             raise ConfigError(f"--limit {args.limit} must be >= 1, e.g. --limit {DEFAULT_LIMIT}")
         if args.predict_batch is not None and args.predict_batch < 1:
@@ -75,13 +85,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_budget(text: str | None) -> int | None:
+def parse_budget(text: str | None, flag: str | None = None) -> int | None:
+    """The budget in bytes (None: none given); ``flag``: the option as typed."""
     if text is None:
         return None
     try:
         return cap.parse_size(text)
     except cap.SizeError as err:
-        raise ConfigError(f"--memory-budget {text}: {err}") from None
+        raise ConfigError(f"{flag or '--memory-budget'} {text}: {err}") from None
 
 
 def plan(overrides: list[str], budget: int | None = None) -> list[Config]:

@@ -55,3 +55,13 @@ def test_a_batch_to_predict_below_one_is_refused_in_one_line(main):
     assert out.code == 2
     assert "--predict-batch 0 must be >= 1, e.g. --predict-batch 64" in out.err
     assert "Traceback" not in out.err
+
+
+@pytest.mark.parametrize("flag", ["--budget", "--memory-budget", "--budget=", "--mem"])
+def test_a_bad_budget_is_refused_under_the_name_the_user_typed(flag, main):
+    args = [flag + "lots"] if flag.endswith("=") else [flag, "lots"]
+    out = main("capacity", *args, "model=mlp")
+    assert out.code == 2
+    named = "--memory-budget" if flag == "--mem" else flag.rstrip("=")  # argparse's full name
+    (line,) = out.err.splitlines()
+    assert line.startswith(f"error: {named} lots: not a memory size: write a number and a unit")
