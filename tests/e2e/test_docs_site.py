@@ -100,3 +100,25 @@ def test_the_readmes_links_lead_somewhere():
     for link in links:
         if not link.startswith("http"):
             assert (REPO / link).exists(), link
+
+
+def test_the_layout_counts_every_folders_modules():
+    """docs/development.md says how many modules each folder of the package holds."""
+    text = " ".join((REPO / "docs" / "development.md").read_text().split())
+    said = text.split("Modules per folder, besides each `__init__.py`: ", 1)[1]
+    said = said.split(" in all", 1)[0]
+    package = REPO / "src" / "ampsweep"
+
+    def modules(folder):
+        return len([p for p in folder.glob("*.py") if p.name != "__init__.py"])
+
+    folders = {
+        p.parent.relative_to(package).name or "": p.parent for p in package.rglob("__init__.py")
+    }
+    counted = {name: int(n) for name, n in re.findall(r"(\w+) (\d+)", said)}
+    assert re.search(r"`__main__.py` (\d+)", said)[1] == str(modules(package))
+    assert {name: modules(folders[name]) for name in counted if name in folders} == {
+        name: n for name, n in counted.items() if name in folders
+    }
+    assert set(folders) - {"", "conf"} <= set(counted), "a folder the page does not count"
+    assert int(said.rsplit(" ", 1)[1]) == sum(modules(f) for f in folders.values())
