@@ -25,6 +25,7 @@ from ampsweep.tracking.store import FINISHED
 LONGER = 4
 # Overrides of the sweep that a single run of the chosen mode leaves out.
 SWEEP_ONLY = ("precision", "sweep.repeats", "trainer.seed", "hydra.")
+EMULATE = "precision.fp8.emulate"
 
 
 def recommend(
@@ -66,7 +67,8 @@ def recommend(
     held = [r for r in others if verdicts.get(r.precision) == "held"]
     unsure = [r for r in others if verdicts.get(r.precision) == "open"]
     if device.get("device") == "cpu":
-        return _cpu(held, unsure, base, sweep_command, device, ruled_out)
+        gpu_command = _on_gpu(sweep_command, any(r.emulated for r in group))
+        return _cpu(held, unsure, base, gpu_command, device, ruled_out)
     return _gpu(others, held, unsure, base, where, sweep_command, ruled_out)
 
 
@@ -223,7 +225,7 @@ def _use(best: Row, runner: Row | None, base: Row, where: str, command: str, rul
     )
 
 
-def _cpu(held, unsure, base, command, device, ruled_out) -> Recommendation:
+def _cpu(held, unsure, base, gpu_command, device, ruled_out) -> Recommendation:
     kept = "; ".join(f"{r.precision}: {quality.words(r, base)}, {_mem(r)}" for r in held)
     kept = f" Quality held for {kept}." if held else ""
     if unsure:
@@ -240,7 +242,7 @@ def _cpu(held, unsure, base, command, device, ruled_out) -> Recommendation:
         f"{describe_device(device)} has no tensor cores, so its timings say nothing about "
         f"which mode is faster on a GPU for {base.configuration}.{kept}{ruled_out} Run the "
         "same sweep on a GPU.",
-        _sweep(command, {"trainer.device": "cuda"}),
+        gpu_command,
         evidence={r.precision: _evidence_line(r, base) for r in held},
         open_question="which mode is fastest on the GPU this model will train on",
     )
@@ -258,14 +260,30 @@ def _longer(trained: dict[str, str]) -> dict[str, str]:
     return changes or {"trainer.epochs": "<more>"}
 
 
+def _on_gpu(command: str, emulated: bool) -> str:
+    """The sweep's own command on a CUDA GPU. fp8's emulation is for a CPU without fp8
+    hardware, and a GPU that has it must run fp8 itself: an emulation the command asked for is
+    dropped, one its config files set (an emulated run, no such override) is turned off."""
+    changes = {"trainer.device": "cuda"}
+    if emulated and not any(_key(w) == EMULATE for w in _tokens(command)):
+        changes[EMULATE] = "false"
+    return _sweep(command, changes, drop=(EMULATE,))
+
+
+def _key(word: str) -> str:
+    """The key of an override (``+key=value``, ``~key``: ``key``)."""
+    return word.split("=", 1)[0].lstrip("+~")
+
+
 def _tokens(command: str) -> list[str]:
     words = shlex.split(command) if command else ["ampsweep", "train", "-m"]
     return words if "-m" in words or "--multirun" in words else [*words[:2], "-m", *words[2:]]
 
 
-def _sweep(command: str, changes: dict[str, str]) -> str:
-    """The sweep's own command with ``changes`` (``key=value`` overrides) made to it."""
-    words = [w for w in _tokens(command) if w.split("=", 1)[0] not in changes]
+def _sweep(command: str, changes: dict[str, str], drop: tuple[str, ...] = ()) -> str:
+    """The sweep's own command with ``changes`` (``key=value`` overrides) made to it, and the
+    overrides of the keys in ``drop`` left out."""
+    words = [w for w in _tokens(command) if _key(w) not in (*changes, *drop)]
     return shlex.join([*words, *(f"{k}={v}" for k, v in changes.items())])
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ampsweep.report import render, sweeps
+from ampsweep.tracking.store import FP8_EMULATED
 from unit.report.test_stats import CPU, CUDA, run
 
 COMMAND = "ampsweep train -m precision=fp32,bf16,fp16 sweep.repeats=3 model=cnn trainer.epochs=2"
@@ -155,3 +156,31 @@ def test_a_machine_with_room_to_spare_is_not_contended():
     assert not contended(1.9, 0.05, 2.0)  # alone
     assert not contended(4.0, 2.0, 16.0)  # others busy, but cores were left idle
     assert not contended(None, None, None)  # not measured (an older run): no flag
+
+
+@pytest.mark.parametrize(
+    ("typed", "gpu_has"),
+    [
+        ("precision.fp8.emulate=true", ""),  # asked for on the command line: dropped
+        ("+precision.fp8.emulate=true", ""),
+        ("", " precision.fp8.emulate=false"),  # set by the sweep's config files: turned off
+    ],
+)
+def test_a_cpu_sweep_of_emulated_fp8_suggests_real_fp8_on_the_gpu(typed, gpu_has):
+    command = f"ampsweep train -m precision=fp32,fp8_rowwise model=mlp {typed} trainer.epochs=2"
+    runs = [
+        run("fp32", 0, 0, sps=1000.0, acc=0.98),
+        run("fp8_rowwise", 0, 1, sps=200.0, acc=0.98, tags={FP8_EMULATED: "true"}),
+    ]
+    rep = sweeps.make_report({"run_id": "p", "name": "s", "command": command}, runs)
+    assert rep.rows[1].emulated  # the run the suggestion is about was emulated
+    assert rep.recommendation.command == (
+        "ampsweep train -m precision=fp32,fp8_rowwise model=mlp trainer.epochs=2 "
+        f"trainer.device=cuda{gpu_has}"
+    )
+    # a rerun on this CPU keeps the emulation: without it, fp8 cannot run here
+    runs[0].tags["data.num_classes"] = "10"
+    runs[0].metrics["val/acc"] = 0.1
+    rerun = sweeps.make_report({"run_id": "p", "name": "s", "command": command}, runs)
+    assert typed in rerun.recommendation.command
+    assert "emulate=false" not in rerun.recommendation.command
