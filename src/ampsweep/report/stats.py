@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ampsweep.config.score import Score
+from ampsweep.engine.run_folder import NOT_HASHED
 from ampsweep.report.model import Estimate, Report, Row, RunData, is_number
 from ampsweep.tracking.store import FINISHED
 
@@ -182,9 +183,9 @@ def _finite(x) -> bool:
 
 SEED = "trainer.seed"  # what repeats of one configuration differ in
 
-
-# Keys that name a run rather than configure it: never a reason two runs are not comparable.
-LABELS = ("tracking.run_name",)
+# A run's name, and what the config hash leaves out (``engine.run_folder``): the run computes
+# the same whatever they are, so they never part two runs, nor show in the config column.
+NOT_COMPARED = ("tracking.run_name", *NOT_HASHED)
 # Precision settings that tell two runs of one mode apart in the report's config column (a
 # run of bf16 and the doctor's bf16 with precision.keep_fp32=[fc2]); other precision keys
 # follow from the mode and are said by its name.
@@ -206,7 +207,7 @@ def shown_precision(params: dict[str, str]) -> tuple:
 def config_key(params: dict[str, str], ignore: tuple[str, ...] = ()) -> tuple:
     """A run's config apart from its precision (and the keys in ``ignore``): runs with equal
     keys are comparable."""
-    skip = (*ignore, *LABELS)
+    skip = (*ignore, *NOT_COMPARED)
     return tuple(
         sorted(
             (k, v) for k, v in params.items() if not k.startswith("precision.") and k not in skip
@@ -218,7 +219,7 @@ def varying(runs: list[RunData], ignore: tuple[str, ...] = ()) -> dict[str, str]
     """Run id -> the settings beyond precision that tell it apart from the sweep's other runs
     (``lr=0.01``; a key shortened to its last part unless that is ambiguous). Where the model
     or data set itself differs (they have columns of their own), its settings are left out."""
-    skip = (*ignore, *LABELS)
+    skip = (*ignore, *NOT_COMPARED)
     keys = sorted(
         {
             k

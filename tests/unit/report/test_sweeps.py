@@ -120,6 +120,28 @@ def test_a_prescribed_run_named_by_its_option_compares_with_fp32_and_shows_its_k
     assert rows["bf16-cnn-0.001"].varies == "keep_fp32=[]"
 
 
+def test_what_the_config_hash_leaves_out_neither_parts_runs_nor_shows_in_the_config_column():
+    """A callback that watched one run, a resumed run, a checkpoint folder of its own: the
+    config hash leaves these out (the run computes the same), so the report compares the runs
+    and its config column shows only the setting that is in the hash (the learning rate)."""
+    fp32, bf16, other_lr = run("fp32", sps=100.0), run("bf16", sps=200.0), run("bf16", lr="0.01")
+    hooks = "[{'_target_': 'callbacks.RecordSteps', 'path': 'steps.jsonl'}]"
+    for r, callbacks, resume, folder in [
+        (fp32, "[]", "None", "None"),
+        (bf16, hooks, "auto", "/tmp/ck"),
+        (other_lr, "[]", "None", "None"),
+    ]:
+        r.params |= {
+            "trainer.callbacks": callbacks,
+            "trainer.resume": resume,
+            "trainer.checkpoint_dir": folder,
+        }
+    rows = {r.run_id: r for r in sweeps.compute_rows([fp32, bf16, other_lr])}
+    assert rows["bf16-cnn-0.001"].baseline_run_id == "fp32-cnn-0.001"
+    assert rows["bf16-cnn-0.001"].speedup == pytest.approx(2.0)
+    assert [r.varies for r in rows.values()] == ["lr=0.001", "lr=0.001", "lr=0.01"]
+
+
 def test_a_scaler_setting_left_at_null_is_the_mode_s_default():
     static = report([numerics_run("fp16_static"), numerics_run("fp16", lr="0.1")]).rows
     assert [r.scale_dynamic for r in static] == [False, True]
