@@ -61,9 +61,23 @@ def test_the_report_logged_to_the_parent_matches_the_children(three_mode_sweep):
     assert parent.data.metrics["acc_delta/bf16"] == pytest.approx(bf16["val/acc"] - fp32["val/acc"])
 
 
-def test_ampsweep_report_reads_the_sweep_back(three_mode_sweep, main):
-    res = main("report", "--format", "json", "--tracking-uri", three_mode_sweep.uri)
+def test_ampsweep_report_reads_the_sweep_back(three_mode_sweep, main, monkeypatch):
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+    from mlflow.utils import file_utils
+
+    # MLflow draws a download bar whenever this variable says so as a transfer starts
+    drawn = []
+    original = file_utils.ArtifactProgressBar.__init__
+
+    def spy(self, *args, **kwargs):
+        drawn.append(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get())
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(file_utils.ArtifactProgressBar, "__init__", spy)
+    uri = three_mode_sweep.uri
+    res = main("report", "--sweep", "latest", "--format", "json", "--tracking-uri", uri)
     assert res.code == 0, res.err
+    assert len(drawn) == 3 and not any(drawn)  # each run's modules read, without a bar
     rep = json.loads(res.out)
     (parent,), kids = parents_and_children(three_mode_sweep.uri)
     by_name = {k.info.run_name: k for k in kids}

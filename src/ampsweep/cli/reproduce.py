@@ -23,16 +23,14 @@ names the ones left out; callbacks given as overrides run, as in ``ampsweep trai
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 from ampsweep import console
 from ampsweep.cli import trust
 from ampsweep.config.schema import ConfigError
 from ampsweep.config.score import from_tags
-from ampsweep.launch.hydra_app import setenv
 from ampsweep.precision.modes import DERIVED_PRECISION
-from ampsweep.tracking import store
+from ampsweep.tracking import artifacts, store
 
 VERSION_TAGS = (store.GIT_COMMIT, store.GIT_DIRTY, store.AMPSWEEP_VERSION, store.TORCH_VERSION)
 HEADER = """\
@@ -104,17 +102,13 @@ def fetch(run_id: str, overrides: list[str]):
             f"RUN_ID={run_id}: no such run in the store {store.describe(uri)}: "
             "check the id, or pass tracking.uri=... (or set MLFLOW_TRACKING_URI)"
         )
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            # one small file: MLflow's progress bar would only be noise
-            with setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"):
-                path = client.download_artifacts(run_id, "config.yaml", tmp)
-        except Exception:
-            raise ConfigError(
-                f"RUN_ID={run_id}: the run has no config.yaml artifact (not an ampsweep run, or "
-                "it failed before recording): nothing to reproduce"
-            ) from None
-        text = Path(path).read_text()
+    try:
+        text = artifacts.read_text(client, run_id, "config.yaml")
+    except Exception:
+        raise ConfigError(
+            f"RUN_ID={run_id}: the run has no config.yaml artifact (not an ampsweep run, or "
+            "it failed before recording): nothing to reproduce"
+        ) from None
     return uri, run, text
 
 

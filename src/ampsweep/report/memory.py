@@ -12,7 +12,6 @@ backward (the run's ``memory/activations_by_module.json``), where recorded.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,10 +20,10 @@ from ampsweep.measure.capacity import Breakdown
 from ampsweep.precision import modes
 from ampsweep.report.model import Report, Row, RunData, is_number
 from ampsweep.report.stats import SEED, config_key
+from ampsweep.tracking import artifacts
 
 BATCH = "trainer.batch_size"
 MODULES_ARTIFACT = "memory/activations_by_module.json"
-PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 TOP_MODULES = 5  # the modules a row keeps of that artifact, largest first
 WEIGHTS = ("params", "grads", "optimizer", "master_weights")  # what autocast leaves in fp32
 DOMINANT = 0.5  # a share of the peak above which a part decides what shrinks it
@@ -58,27 +57,15 @@ PART_COLORS = {
 def load_modules(client, run_id: str) -> list[dict]:
     """The run's activations by module (largest first), or [] where it recorded none or its
     artifacts cannot be read (the rest of the report does not need them)."""
-    import tempfile
-    from pathlib import Path
-
     from mlflow.exceptions import MlflowException
 
     folder, name = MODULES_ARTIFACT.rsplit("/", 1)
-    bar = os.environ.get(PROGRESS_BAR)
-    os.environ[PROGRESS_BAR] = "false"  # one small file a run: MLflow's bar would be noise
     try:
         if not any(f.path.endswith(name) for f in client.list_artifacts(run_id, folder)):
             return []
-        with tempfile.TemporaryDirectory() as tmp:
-            path = client.download_artifacts(run_id, MODULES_ARTIFACT, tmp)
-            found = json.loads(Path(path).read_text())
+        found = json.loads(artifacts.read_text(client, run_id, MODULES_ARTIFACT))
     except (OSError, ValueError, MlflowException):
         return []
-    finally:
-        if bar is None:
-            os.environ.pop(PROGRESS_BAR, None)
-        else:
-            os.environ[PROGRESS_BAR] = bar
     return found if isinstance(found, list) else []
 
 
