@@ -414,6 +414,12 @@ def _fsdp_problems(cfg: Config) -> list[str]:
                 f"trainer.fsdp.shard=[{','.join(t.fsdp.shard)}]: an empty pattern matches no "
                 "module: give module names, e.g. [blocks.*]"
             )
+        if cfg.precision.master_weights:  # the masters would need sharding as the state is
+            p.append(
+                "precision.master_weights=true cannot run with trainer.strategy=fsdp: FSDP "
+                "keeps fp32 sharded weights itself: use precision=bf16 (FSDP gathers bf16 "
+                "weights), or trainer.strategy=ddp"
+            )
         return p
     for key, value in (("param_dtype", f.param_dtype), ("reduce_dtype", f.reduce_dtype)):
         if value is not None:

@@ -142,7 +142,7 @@ def build_planned(cfg: Config) -> Setup:
     check_fit(model, objective, splits, cfg, device)  # also gives lazy layers their shapes
     num_params = models.count_parameters(model)
     model, conversion, skeleton = _prepared(model, cfg, policy, device, train_batches, fsdp)
-    optimizer = optim.build_optimizer(cfg.optimizer, model, device)
+    optimizer = optim.build_optimizer(cfg.optimizer, model, device, policy.master_weights)
     schedule = optim.build_schedule(cfg.optimizer, optimizer, total)
     if t.compile:
         # torch's stub types compile() as returning a Callable; a Module gives an OptimizedModule
@@ -248,7 +248,7 @@ def _callbacks(cfg: Config, policy: PrecisionPolicy, objective: Objective, model
     callbacks: list = [diagnostics, locator] if d.every > 0 else [locator]  # as Setup.callbacks
     if fsdp and policy.mode.fp8:  # each fp8 weight's scale for the next all-gather
         callbacks.append(sharded.Float8Scales(model))
-    if policy.mode.pure and (d.every or d.numerics):  # the updates its rounding throws away
+    if policy.rounds_updates and (d.every or d.numerics):  # the updates rounding throws away
         callbacks.append(LostUpdates(policy.mode.dtype, d.every or t.log_every))
     return diagnostics, locator, callbacks
 

@@ -22,6 +22,8 @@ import functools
 import math
 import re
 import warnings
+from collections import ChainMap, defaultdict
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -86,11 +88,88 @@ def adamw(
 
 
 def build_optimizer(
-    cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device
+    cfg: OptimizerConfig, model: torch.nn.Module, device: torch.device, master_weights: bool = False
 ) -> torch.optim.Optimizer:
+    """The configured optimizer over the model's trainable parameters; ``master_weights``
+    (``precision.master_weights``, a pure mode): over fp32 copies of them (``MasterWeights``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     builder = OPTIMIZERS.lookup(cfg.name)
-    return builder.fn(params, cfg.lr, cfg.weight_decay, device, **cfg.args)
+
+    def make(tensors: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
+        return builder.fn(tensors, cfg.lr, cfg.weight_decay, device, **cfg.args)
+
+    return MasterWeights(params, make) if master_weights else make(params)
+
+
+MASTER = "master_param"  # the state entry of a parameter's fp32 copy (measure.memory counts it)
+
+
+class MasterWeights(torch.optim.Optimizer):
+    """fp32 master weights for a pure mode's 16-bit parameters, as Apex's O2 and DeepSpeed's
+    bf16 optimizer keep them: the model runs forward and backward on its 16-bit parameters;
+    ``inner`` (the configured optimizer, its state fp32) steps fp32 copies of them, and each
+    copy is rounded back into its parameter after the step. An update below half a unit in
+    the 16-bit weight's last place, which the weight alone would round away, accumulates in
+    the copy until it moves the weight.
+
+    ``param_groups`` are the inner optimizer's (a schedule's learning rate reaches it), over
+    the copies; ``state``, keyed by the copies, shows each one's inner state and the copy
+    itself (``MASTER``).
+    ``step`` consumes the 16-bit gradients: each is cast to fp32 and freed as it is, so the
+    step holds one gradient of each parameter (fp32), not two."""
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        make: Callable[[Sequence[torch.Tensor]], torch.optim.Optimizer],
+    ):
+        self.params = list(params)
+        self.masters = [p.detach().to(torch.float32, copy=True) for p in self.params]
+        self.inner = make(self.masters)
+        super().__init__(self.masters, self.inner.defaults)
+        self._link()
+
+    def _link(self) -> None:
+        """Share the inner optimizer's groups and show its state (both replaced when it
+        loads a state dict)."""
+        self.param_groups = self.inner.param_groups
+        self.state = defaultdict(
+            dict, {m: ChainMap({MASTER: m}, self.inner.state[m]) for m in self.masters}
+        )
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:  # type: ignore[override]
+        """Cast the gradients into the copies', step the copies, round them into the model.
+        (The training loop passes no closure: a closure's backward would miss the copies.)"""
+        if closure is not None:
+            raise ValueError("MasterWeights.step takes no closure")
+        for p, m in zip(self.params, self.masters, strict=True):
+            m.grad = None if p.grad is None else p.grad.to(torch.float32)
+            p.grad = None
+        self.inner.step()
+        for p, m in zip(self.params, self.masters, strict=True):
+            p.copy_(m)  # round to nearest
+            m.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        self.inner.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state and the fp32 copies themselves: a resumed run continues
+        from the copies, not from their rounded 16-bit weights."""
+        return {"optimizer": self.inner.state_dict(), "master_weights": list(self.masters)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.inner.load_state_dict(state_dict["optimizer"])
+        with torch.no_grad():
+            for m, saved in zip(self.masters, state_dict["master_weights"], strict=True):
+                m.copy_(saved)
+        self._link()
 
 
 class ConstantSchedule:

@@ -256,6 +256,10 @@ class PrecisionConfig:
     # or ``blocks.*.attn``) that run outside autocast, their inputs cast to fp32: the fix for
     # a module that overflows, or whose half-precision kernel fails, in an autocast mode.
     keep_fp32: list[str] = field(default_factory=list)
+    # A pure mode's optimizer steps fp32 copies of its 16-bit parameters (with fp32 state)
+    # and rounds them back after each step: updates below the 16-bit weight's resolution
+    # accumulate in the copy instead of being lost. Pure modes only.
+    master_weights: bool = False
     # Resolved from ``name`` (see the table); recorded so the logged config says what ran.
     dtype: Dtype | None = None
     autocast: bool | None = None  # forward + loss under torch.autocast
@@ -272,7 +276,8 @@ def problems(pc: PrecisionConfig) -> list[str]:
     if pc.name not in NAMES:
         return [f"precision.name={pc.name}: invalid value: choose one of {', '.join(NAMES)}"]
     if pc.name == AUTO:
-        return []
+        problem = master_weights_problem(None, pc.master_weights)
+        return [problem] if problem else []
     mode = MODES[pc.name]
     p = []
     wanted = {
@@ -296,7 +301,24 @@ def problems(pc: PrecisionConfig) -> list[str]:
     problem = keep_fp32_problem(mode, list(pc.keep_fp32))
     if problem:
         p.append(problem)
+    problem = master_weights_problem(mode, pc.master_weights)
+    if problem:
+        p.append(problem)
     return p
+
+
+def master_weights_problem(mode: PrecisionMode | None, master_weights: bool) -> str | None:
+    """fp32 master weights are a pure mode's: every other mode updates fp32 weights already
+    (``None``: auto, which never resolves to a pure mode)."""
+    if not master_weights or (mode is not None and mode.pure):
+        return None
+    name = mode.name if mode else AUTO
+    pure = ", ".join(m.name for m in MODES.values() if m.pure)
+    return (
+        f"precision.master_weights=true needs a pure mode ({pure}), and precision={name} "
+        "updates fp32 weights already: drop precision.master_weights, or pick "
+        "precision=bf16_pure"
+    )
 
 
 def keep_fp32_problem(mode: PrecisionMode, patterns: list[str]) -> str | None:

@@ -27,6 +27,7 @@ from ampsweep.precision.modes import (
     PrecisionMode,
     ScalerConfig,
     keep_fp32_problem,
+    master_weights_problem,
     scaler_problem,
 )
 
@@ -142,6 +143,8 @@ class PrecisionPolicy:
     scaler: ScalerConfig  # enabled/dynamic resolved to booleans
     fp8: Fp8Config = field(default_factory=Fp8Config)  # fp8: emulation, first/last layers
     keep_fp32: tuple[str, ...] = ()  # module-name patterns that run outside autocast
+    # A pure mode's optimizer steps fp32 copies of the parameters (engine.optim.MasterWeights)
+    master_weights: bool = False
 
     @property
     def emulated(self) -> bool:
@@ -156,6 +159,12 @@ class PrecisionPolicy:
     def param_dtype(self) -> torch.dtype:
         """Dtype of parameters, gradients and inputs: half in pure modes, else fp32."""
         return self.compute_dtype if self.mode.pure else torch.float32
+
+    @property
+    def rounds_updates(self) -> bool:
+        """Whether each update is added to 16-bit weights, which round away an update below
+        half a unit in their last place: a pure mode without fp32 master weights."""
+        return self.mode.pure and not self.master_weights
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Around the forward pass and the loss only; disabled (not absent) when off, so an
@@ -247,11 +256,17 @@ def build_policy(pc: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
     enabled = mode.scaler if pc.scaler.enabled is None else pc.scaler.enabled
     dynamic = mode.dynamic_scale if pc.scaler.dynamic is None else pc.scaler.dynamic
     # auto may resolve to a mode that refuses these
-    problem = scaler_problem(mode, enabled) or keep_fp32_problem(mode, list(pc.keep_fp32))
+    problem = (
+        scaler_problem(mode, enabled)
+        or keep_fp32_problem(mode, list(pc.keep_fp32))
+        or master_weights_problem(mode, pc.master_weights)
+    )
     if problem:
         raise ConfigError(problem)
     scaler = replace(pc.scaler, enabled=enabled, dynamic=dynamic)
-    return PrecisionPolicy(mode, device, scaler, pc.fp8, tuple(pc.keep_fp32))
+    return PrecisionPolicy(
+        mode, device, scaler, pc.fp8, tuple(pc.keep_fp32), bool(pc.master_weights)
+    )
 
 
 _NO_SKIP = torch.zeros(())

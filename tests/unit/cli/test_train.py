@@ -25,6 +25,10 @@ BAD = [
     (["precision=tf32"], "precision=tf32"),
     (["trainer.device=cuda"], "trainer.device=cuda"),
     (["precision=fp16_pure"], "precision=fp16_pure"),
+    (["precision=bf16", "precision.master_weights=true"],
+     "precision.master_weights=true needs a pure mode (fp16_pure, bf16_pure), and precision=bf16"),
+    (["precision=bf16_pure", "precision.master_weights=true", "trainer.strategy=fsdp"],
+     "precision.master_weights=true cannot run with trainer.strategy=fsdp"),
     (["dataset=mnist", "dataset.root={tmp}/data"], "dataset=mnist"),
     (["dataset=imagefolder", "dataset.root={tmp}/images"], "dataset.root={tmp}/images"),
     # trainer.callbacks: tests/callbacks.py is on the path of in-process tests

@@ -27,6 +27,9 @@ FP16_GROWING = [  # a scale that grows every 2 clean steps, so it has changed by
 COSINE = ["precision=fp32", "optimizer.schedule=cosine", "optimizer.warmup_steps=5"]
 # Not preloaded: batches come from a DataLoader with worker processes, resumed mid-epoch.
 LOADER = ["precision=bf16", "dataset.preload=false", "trainer.num_workers=2"]
+# fp32 master weights: the copies carry what their bf16 weights round away, so a resume that
+# took its copies from the weights would diverge
+MASTERS = ["precision=bf16_pure", "precision.master_weights=true", "trainer.grad_clip=1.0"]
 
 
 def small(tmp_path: Path, *extra: str) -> list[str]:
@@ -63,8 +66,8 @@ def train_logged(cfg, state=None, stop=None, run_id="r"):
 
 @pytest.mark.parametrize(
     "mode",
-    [FP16_GROWING, ["precision=bf16", "trainer.grad_accum_steps=2"], COSINE, LOADER],
-    ids=["fp16", "bf16-accum", "cosine-warmup", "dataloader-workers"],
+    [FP16_GROWING, ["precision=bf16", "trainer.grad_accum_steps=2"], COSINE, LOADER, MASTERS],
+    ids=["fp16", "bf16-accum", "cosine-warmup", "dataloader-workers", "bf16-master-weights"],
 )
 def test_resume_continues_exactly(tmp_path, mode):
     cfg = config.load(small(tmp_path, "trainer.max_steps=16", "trainer.checkpoint_every=4", *mode))
@@ -93,6 +96,11 @@ def test_resume_continues_exactly(tmp_path, mode):
         lrs = [m["train/lr"] for _, m in whole_log if "train/lr" in m]
         assert lrs[0] < lrs[1] and lrs[-1] < max(lrs)
         assert cut["schedule"]["last_epoch"] == 7
+    if mode is MASTERS:
+        saved_masters = cut["optimizer"]["master_weights"]
+        assert any(not torch.equal(m, m.bfloat16().float()) for m in saved_masters)
+        for a, b in zip(resumed.optimizer.masters, setup.optimizer.masters, strict=True):
+            assert torch.equal(a, b)
 
 
 def test_checkpoint_is_data_and_restores_every_rng(tmp_path):

@@ -49,3 +49,8 @@ def test_problems_of_the_precision_section():
     ]
     scaled_pure = PrecisionConfig(name="bf16_pure", scaler=ScalerConfig(enabled=True))
     assert "GradScaler refuses fp16/bf16 gradients" in modes.problems(scaled_pure)[0]
+    for name in ("fp32", "bf16", "auto"):  # fp32 weights already: nothing to keep beside them
+        (problem,) = modes.problems(PrecisionConfig(name=name, master_weights=True))
+        assert problem.startswith("precision.master_weights=true needs a pure mode")
+        assert f"precision={name} updates fp32 weights already" in problem
+    assert modes.problems(PrecisionConfig(name="bf16_pure", master_weights=True)) == []
