@@ -94,6 +94,9 @@ def test_ctrl_c_in_training_prints_the_checkpoint_and_the_command_that_resumes(
     assert "stopped with checkpoint " in line and "step-00000002.pt" in line
     command = line.split("resume it with: ")[1]
     assert command.endswith(" trainer.resume=auto")
+    # the callback that stopped the run is not repeated: the run resumes without it
+    assert "trainer.callbacks" not in command and "SignalAtStep" not in command
+    assert "its trainer.callbacks left out (a run a callback stopped resumes without it)" in line
     (killed,) = all_runs(store_uri)
     assert killed.info.status == store.KILLED
 

@@ -321,6 +321,14 @@ def run_sweep(parsed: argparse.Namespace, command: CommandContext, typed: list[s
     return _sweep_exit(result, command, hydra_code)
 
 
+# What the command that resumes a run leaves out of the one that ran it: where it resumes
+# from (trainer.resume=auto takes its place), and its callbacks (not in the config hash: a
+# run a callback stopped resumes without it, or the callback would stop it again).
+CALLBACKS = "trainer.callbacks"
+NOT_RESUMED = ("trainer.resume", CALLBACKS)
+CALLBACKS_LEFT = f"its {CALLBACKS} left out (a run a callback stopped resumes without it), "
+
+
 def interrupted(command: CommandContext, args: list[str], result=None) -> int:
     """Say in one line how a signal left the command, and what to type next: the report to
     write, the sweep to relaunch, the checkpoint to resume, or that nothing was trained."""
@@ -364,9 +372,11 @@ def interrupted(command: CommandContext, args: list[str], result=None) -> int:
             f"skipped, an interrupted one resumes): {typed}"
         )
     elif stopped.checkpoint:
-        kept = [a for a in args if not a.startswith(("trainer.resume=", "+trainer.resume="))]
+        keys = [a.lstrip("+").split("=", 1)[0] for a in args]
+        kept = [a for a, k in zip(args, keys, strict=True) if k not in NOT_RESUMED]
         again = shlex.join(["ampsweep", "train", *kept, "trainer.resume=auto"])
-        console.error(f"interrupted: {where}; resume it with: {again}")
+        left = CALLBACKS_LEFT if CALLBACKS in keys else ""
+        console.error(f"interrupted: {where}; {left}resume it with: {again}")
     else:
         console.error(f"interrupted: {where}; start again with: {typed}")
     return EXIT_KILLED
