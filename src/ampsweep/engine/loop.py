@@ -259,9 +259,11 @@ def fit(
             with distributed.gradient_sync(model, sync=(state.batch + 1) % accum == 0):
                 # Autocast covers the forward pass and the loss only; backward runs outside
                 # it. The loss is computed in fp32 on fp32 logits (the objective upcasts them).
-                with policy.autocast(), totals.meter.record(enabled=first_batch):
+                saving = totals.meter.record(enabled=first_batch, keep=totals.peak.keep)
+                with policy.autocast(), saving:
                     logits = model(x)
                     loss = objective(logits, y)
+                totals.peak.watch(loss)  # the measured step's backward, node by node
                 # Scale the loss so small fp16 gradients do not underflow (a no-op when off).
                 scaler.scale(_weighted(loss, loss_weight)).backward()
             detached = totals.add_loss(loss)

@@ -44,7 +44,7 @@ def measured(
     out.update(memory.capacity_metrics(module, s.optimizer, x, y, s.policy, s.objective, held))
     if peak.bytes is not None:  # measured (a resumed run measures its own step)
         held = held if held is not None else memory.model_memory(module, s.optimizer)
-        out.update(breakdown(peak, held, meter))
+        out.update(breakdown(peak, held))
     s.activations_by_module = meter.by_module_rows()
     out.update(predicted(s, median_ms))
     return out

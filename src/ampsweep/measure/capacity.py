@@ -38,8 +38,8 @@ MAX_BATCH_MEASURED = "mem/max_batch_measured"  # ampsweep capacity, on a CUDA GP
 STEP_PEAK = "mem/step_peak_mib"  # the measured peak of one training step
 # The parts of that peak, each recorded as mem/<part>_mib; ``other`` is the peak minus the rest
 PARTS = (
-    "params", "grads", "optimizer", "master_weights", "autocast_cache", "activations", "fp8",
-    "other",
+    "params", "grads", "optimizer", "master_weights", "autocast_cache", "activations",
+    "activation_grads", "fp8", "other",
 )  # fmt: skip
 # The parts a larger batch leaves as they are (the rest grow with it)
 FIXED_PARTS = ("params", "grads", "optimizer", "master_weights", "autocast_cache", "fp8")
@@ -47,6 +47,8 @@ FIXED_PARTS = ("params", "grads", "optimizer", "master_weights", "autocast_cache
 # backward (the cache among them) where the activations alone are not recorded
 OLD_CACHE, SAVED = "mem/weight_copies_mib", "mem/activation_mib"
 AT_OPTIMIZER = "mem/step_peak_at_optimizer"  # 1.0: the peak fell in the optimizer's step
+# Then, what its step allocated and still held (its intermediate results), within ``optimizer``
+INTERMEDIATES = "mem/optimizer_intermediates_mib"
 
 MIB, GIB = 1024**2, 1024**3
 UNITS = {
@@ -132,13 +134,14 @@ class Breakdown:
     measured: bool = True
     estimated: tuple[str, ...] = ()  # parts predicted without a measurement of their kind
     # The peak fell in the optimizer's step, after backward freed what it saved (the parts
-    # then hold no activations and ``other`` is the optimizer's temporaries); ``saved``: the
-    # activations the step saved for backward (MiB), which grow with the batch and make the
-    # peak of a large enough batch fall in backward instead, beside ``copies``, autocast's
-    # weight copies saved with them.
+    # then hold no activations, and ``optimizer`` its step's ``intermediates`` beside its
+    # state); ``saved``: the activations the step saved for backward (MiB), which grow with
+    # the batch and make the peak of a large enough batch fall in backward instead, beside
+    # ``copies``, autocast's weight copies saved with them.
     at_optimizer: bool = False
     saved: float = 0.0
     copies: float = 0.0
+    intermediates: float = 0.0
 
     @property
     def total(self) -> float:
@@ -157,10 +160,10 @@ class Breakdown:
         """The same step at another ``batch`` and in another ``mode``, not run: parameters,
         gradients and optimizer state do not grow with the batch and take their mode's dtype;
         the activations (what autograd saves beyond the weight copies) grow in proportion to
-        the batch and take the mode's compute dtype; the autocast cache exists in an autocast
-        mode only (predicted from fp32 as a 16-bit copy of every parameter: an upper bound,
-        only matmul and convolution weights are cast); ``other`` (temporaries, workspace)
-        scales with the activations."""
+        the batch and take the mode's compute dtype, and so do the gradients of activations in
+        flight; the autocast cache exists in an autocast mode only (predicted from fp32 as a
+        16-bit copy of every parameter: an upper bound, only matmul and convolution weights
+        are cast); ``other`` (temporaries, workspace) scales with the activations."""
         batch = self.batch if batch is None else batch
         out = self._at_batch(batch)
         return out if mode is None or mode == self.mode else out._in_mode(mode)
@@ -169,16 +172,27 @@ class Breakdown:
         p = dict(self.parts)
         grow = batch / self.batch if self.batch else 1.0
         saved = self.saved * grow
+        intermediates = self.intermediates
         if self.at_optimizer:  # the optimizer's peak, unless backward's grows beyond it
-            held = sum(p.get(k, 0.0) for k in ("params", "grads", "optimizer", "master_weights"))
-            backward = held + p.get("fp8", 0.0) + self.copies + saved
+            backward = self.held + p.get("fp8", 0.0) + self.copies + saved
             if backward > self.total:
-                p = {**p, "autocast_cache": self.copies, "activations": saved, "other": 0.0}
+                state = p.get("optimizer", 0.0) - intermediates
+                p = {**p, "optimizer": state, "autocast_cache": self.copies, "activations": saved}
+                p["other"], intermediates = 0.0, 0.0
         else:
-            p["activations"] = p.get("activations", 0.0) * grow
-            p["other"] = p.get("other", 0.0) * grow
+            for part in ("activations", "activation_grads", "other"):
+                p[part] = p.get(part, 0.0) * grow
         same = self.measured and batch == self.batch
-        return replace(self, batch=batch, parts=p, measured=same, saved=saved)
+        return replace(
+            self, batch=batch, parts=p, measured=same, saved=saved, intermediates=intermediates
+        )
+
+    @property
+    def held(self) -> float:
+        """The weights, gradients, optimizer state and master weights (MiB): what the model
+        holds whatever the batch, without the optimizer's intermediate results."""
+        held = ("params", "grads", "optimizer", "master_weights")
+        return sum(self.parts.get(k, 0.0) for k in held) - self.intermediates
 
     def _in_mode(self, name: str) -> Breakdown:
         src, dst = modes.MODES[self.mode], modes.MODES[name]
@@ -199,6 +213,7 @@ class Breakdown:
             guessed.add("fp8")
         out["fp8"] = fp8 if dst.fp8 else 0.0
         out["activations"] = p.get("activations", 0.0) * acts
+        out["activation_grads"] = p.get("activation_grads", 0.0) * acts
         # the optimizer's temporaries take its parameters' dtype; backward's, the activations'
         out["other"] = p.get("other", 0.0) * (weights if self.at_optimizer else acts)
         copies = 0.0
@@ -207,8 +222,10 @@ class Breakdown:
             copies = copies if dst.autocast else 0.0
             out["autocast_cache"] = 0.0
         kept = tuple(sorted(g for g in guessed if out.get(g) or (g == "autocast_cache" and copies)))
-        saved = self.saved * acts
-        return Breakdown(name, self.batch, out, False, kept, self.at_optimizer, saved, copies)
+        saved, intermediates = self.saved * acts, self.intermediates * weights
+        return Breakdown(
+            name, self.batch, out, False, kept, self.at_optimizer, saved, copies, intermediates
+        )
 
     def max_batch(self, budget: float, mode: str | None = None) -> int | None:
         """The largest batch whose predicted step fits ``budget`` bytes in ``mode`` (default:
@@ -217,8 +234,7 @@ class Breakdown:
         if bd.at_optimizer:  # the larger of the optimizer's peak and backward's, which grows
             if bd.total * MIB > budget:
                 return 0
-            held = ("params", "grads", "optimizer", "master_weights", "fp8")
-            zero = (sum(bd.parts.get(k, 0.0) for k in held) + bd.copies) * MIB
+            zero = (bd.held + bd.parts.get("fp8", 0.0) + bd.copies) * MIB
             per = bd.saved * MIB / bd.batch
         else:
             zero = bd.at(0).total * MIB
@@ -248,7 +264,8 @@ def breakdown(metrics: dict[str, float], mode: str, batch: int) -> Breakdown | N
     if modes.MODES[mode].autocast:
         copies = min(all_saved, parts["params"] * 2 / _param_bytes(modes.MODES[mode]))
     saved = all_saved - copies
-    return Breakdown(mode, batch, parts, True, (), at_optimizer, saved, copies)
+    intermediates = float(metrics.get(INTERMEDIATES, 0.0)) if at_optimizer else 0.0
+    return Breakdown(mode, batch, parts, True, (), at_optimizer, saved, copies, intermediates)
 
 
 def memory_kinds() -> list[list[str]]:

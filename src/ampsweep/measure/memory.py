@@ -14,6 +14,7 @@ import json
 import resource
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -65,20 +66,22 @@ class SavedTensorMeter:
         self.by_dtype: dict[str, int] = {}  # the same bytes by the saved tensors' dtype
         self.parts: dict[str, int] = {}  # activations, autocast_cache, fp8
         self.by_module: dict[tuple[str, str], int] = {}  # (name, class) -> bytes
+        self._counting = False  # while recording: whether this context counts
+        self._keep: Keep | None = None  # and what it tells of each saved tensor
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        try:
-            storage = t.untyped_storage()
-            key = (str(t.device), storage.data_ptr())
-            size = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
-            key, size = (str(t.device), id(t)), t.numel() * t.element_size()
-        if key[1] in self._param_ptrs or key in self._seen:
+    def _pack(self, t: torch.Tensor) -> object:
+        key, size = storage_of(t)
+        if key[1] in self._param_ptrs:
             return t
-        self._seen.add(key)
         part = _part(t)
         if part is None:  # a weight itself (FSDP's gathered parameters): no saved memory
             return t
+        if self._counting and key not in self._seen:
+            self._seen.add(key)
+            self._count(t, size, part)
+        return t if self._keep is None else self._keep(t, key, part, size)
+
+    def _count(self, t: torch.Tensor, size: int, part: str) -> None:
         self.bytes += size
         name = dtype_name(t.dtype)
         self.by_dtype[name] = self.by_dtype.get(name, 0) + size
@@ -86,28 +89,38 @@ class SavedTensorMeter:
         if part == "activations":  # the weight copies are the weights', not a module's doing
             where = self._running[-1] if self._running else OUTSIDE
             self.by_module[where] = self.by_module.get(where, 0) + size
-        return t
 
-    def record(self, enabled: bool = True) -> contextlib.AbstractContextManager:
+    def record(
+        self, enabled: bool = True, keep: Keep | None = None
+    ) -> contextlib.AbstractContextManager:
         """Count what autograd saves inside this context (the loop measures its very first
-        micro-batch only; the others get a plain null context, cheaper than a generator's)."""
-        return self._recording() if enabled else NO_RECORDING
+        micro-batch only; the others get a plain null context, cheaper than a generator's).
+        ``keep``: told of every tensor saved here, counted or not, with its storage, part and
+        bytes; what it returns is what autograd holds until backward has used it (the
+        measured step's ``StepPeak.keep``: what backward has not freed yet). One pair of
+        saved-tensor hooks serves both: autograd applies only the innermost pair."""
+        if keep is None and not enabled:
+            return NO_RECORDING
+        return self._recording(enabled, keep)
 
     @contextlib.contextmanager
-    def _recording(self):
-        self._seen.clear()
-        self.bytes = 0
-        self.by_dtype, self.parts, self.by_module = {}, {}, {}
-        self._running.clear()
+    def _recording(self, counting: bool, keep: Keep | None):
+        self._counting, self._keep = counting, keep
         hooks = []
-        for name, module in self._modules:
-            where = (name, type(module).__name__)
-            hooks.append(module.register_forward_pre_hook(partial(self._enter, where)))
-            hooks.append(module.register_forward_hook(self._leave, always_call=True))
+        if counting:
+            self._seen.clear()
+            self.bytes = 0
+            self.by_dtype, self.parts, self.by_module = {}, {}, {}
+            self._running.clear()
+            for name, module in self._modules:
+                where = (name, type(module).__name__)
+                hooks.append(module.register_forward_pre_hook(partial(self._enter, where)))
+                hooks.append(module.register_forward_hook(self._leave, always_call=True))
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
                 yield
         finally:
+            self._counting, self._keep = False, None
             for hook in hooks:
                 hook.remove()
 
@@ -145,6 +158,38 @@ def log_activations_by_module(recorder, rows: list[dict]) -> None:
         path = Path(tmp) / name
         path.write_text(json.dumps(rows, indent=2))
         recorder.log_artifact(path, folder)
+
+
+# Told of a saved tensor (the tensor, its storage's key, its part, its storage's bytes), returns
+# what autograd holds in its place until backward has used it
+Keep = Callable[[torch.Tensor, tuple[str, int], str, int], object]
+
+
+class Held:
+    """A saved tensor as autograd holds it while a step is measured: ``release`` is called
+    when autograd lets go of it (once its node has run in backward, or with the graph)."""
+
+    __slots__ = ("release", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, release: Callable[[], None]):
+        self.tensor, self.release = tensor, release
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _unpack(saved: object) -> torch.Tensor:
+    return saved.tensor if isinstance(saved, Held) else saved  # type: ignore[return-value]
+
+
+def storage_of(t: torch.Tensor) -> tuple[tuple[str, int], int]:
+    """``((device, storage address), storage bytes)`` of a tensor: views of one storage share
+    it (a tensor subclass without a storage: its own identity and its elements' bytes)."""
+    try:
+        storage = t.untyped_storage()
+        return (str(t.device), storage.data_ptr()), storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+        return (str(t.device), id(t)), t.numel() * t.element_size()
 
 
 def _row(name: str, kind: str, nbytes: int, total: int) -> dict:

@@ -10,10 +10,20 @@ import os
 import re
 import sys
 import tempfile
+from functools import partial
 
 import torch
+from torch.autograd.graph import Node
 
-from ampsweep.measure.memory import MIB, SavedTensorMeter, held_bytes, peak_memory, tensor_bytes
+from ampsweep.measure.memory import (
+    MIB,
+    Held,
+    Keep,
+    held_bytes,
+    peak_memory,
+    storage_of,
+    tensor_bytes,
+)
 
 
 class StepPeak:
@@ -34,11 +44,17 @@ class StepPeak:
     Blocks allocated before the step and freed in it are not seen (the profiler cannot size
     them), which can only overstate the peak.
 
-    When: a hook before the optimizer's step splits the step in two phases, forward and
-    backward, then the optimizer (``at_optimizer``: whether the peak is there; by then
-    autograd has freed what it saved). Each gradient's post-accumulate hook marks how many
-    gradient bytes exist (with a profiler event on a CPU; with the allocator's peak so far on
-    CUDA), so the gradients live at a peak in backward are known (``grads``).
+    What was live then is counted as the step runs (``Live``), and each change marked in time
+    beside the allocations: with a profiler event on a CPU, with the allocator's peak so far
+    on CUDA (a host-side count: no synchronisation). The parts live at the peak are those of
+    the last mark before it. Marked: each gradient's post-accumulate hook (the gradient bytes
+    that exist), each tensor saved for backward as autograd takes it and lets go of it once
+    its node has run (``keep``: activations, the autocast cache, fp8), and each node of the
+    backward graph as it begins and ends (``watch``: the gradients of activations in
+    flight). A hook before the optimizer's step splits the step in two phases, forward and
+    backward, then the optimizer (``at_optimizer``: whether the peak is there), whose
+    intermediate results are what it allocated and still held at the peak
+    (``intermediates``).
     """
 
     def __init__(self, device, model, optimizer, done: int, total: int, warmup: int = 0):
@@ -50,11 +66,13 @@ class StepPeak:
         self.at = done + 2 if steps >= 3 or (steps == 2 and warmup >= 2) else done + 1
         self._measuring = False
         self.bytes: float | None = None  # the step's peak, once measured
-        self.grads = 0  # gradient bytes live at the peak
+        self.live: dict[str, int] = {}  # the parts live at the peak (``LIVE``), in bytes
         self.at_optimizer = False  # whether the peak is in the optimizer's step
-        self._held = self._before = self._start_grads = self._grads_now = 0
+        self.intermediates = 0  # at a peak in the optimizer's step: what its step held then
+        self._held = self._before = self._at_optimizer = 0
+        self._now = Live(self._mark)
         self._counted: set[int] = set()
-        self._marks: list[tuple[int, int]] = []  # CUDA: (gradient bytes, allocator peak so far)
+        self._marks: list[tuple[Snapshot, Snapshot, int]] = []  # CUDA: (state, made, peak)
         self._forward_backward: int | None = None  # CUDA: the peak before the optimizer's step
         self._all_grads = 0  # gradient bytes as the optimizer's step begins
         self._hooks: list = []
@@ -74,9 +92,8 @@ class StepPeak:
         self._held = held_bytes(self.model, self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self._counted = {id(p) for p in params if p.grad is not None}  # accumulated into
-        self._start_grads = self._grads_now = sum(
-            tensor_bytes(p.grad) for p in params if p.grad is not None
-        )
+        grads = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
+        self._now = Live(self._mark, grads)
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._hooks.append(self.optimizer.register_step_pre_hook(self._optimizer_begins))
         if self.device.type == "cuda":
@@ -101,22 +118,36 @@ class StepPeak:
         )
         self._profile.start()
 
+    @property
+    def keep(self) -> Keep | None:
+        """What the saved-tensor hooks tell of each tensor saved in the measured step
+        (``SavedTensorMeter.record``); None in every other step."""
+        return self._now.keep if self._measuring else None
+
+    def watch(self, loss: torch.Tensor) -> None:
+        """Mark the gradients of activations in flight in the backward pass from ``loss``,
+        node by node, in the measured step (nothing in every other step)."""
+        if self._measuring:
+            self._now.watch(loss)
+
+    def _mark(self, state: Snapshot, made: Snapshot) -> None:
+        if self.device.type == "cuda":
+            self._marks.append((state, made, torch.cuda.max_memory_allocated(self.device)))
+        else:
+            with torch.profiler.record_function(f"{LIVE_MARK}{_text(state)}|{_text(made)}"):
+                pass
+
     def _grad_ready(self, p: torch.Tensor) -> None:
         if id(p) not in self._counted and p.grad is not None:  # new (later ones add in place)
             self._counted.add(id(p))
-            self._grads_now += tensor_bytes(p.grad)
-        if self.device.type == "cuda":  # a host-side count: no synchronisation
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self._marks.append((self._grads_now, peak))
-        else:
-            with torch.profiler.record_function(f"{GRADS_MARK}{self._grads_now}"):
-                pass
+            self._now.add("grads", tensor_bytes(p.grad))
 
     def _optimizer_begins(self, optimizer, args, kwargs) -> None:
         params = self.model.parameters()
         self._all_grads = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
         if self.device.type == "cuda":
             self._forward_backward = torch.cuda.max_memory_allocated(self.device)
+            self._at_optimizer = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             with torch.profiler.record_function(OPTIMIZER_MARK):
@@ -131,48 +162,61 @@ class StepPeak:
         self._hooks = []
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            above, self.grads, self.at_optimizer = self._cuda_peak()
+            above, live, self.at_optimizer, self.intermediates = self._cuda_peak()
         else:
             assert self._profile is not None  # started at this step
             self._profile.stop()
-            above, self.grads, self.at_optimizer = self._cpu_peak(self._profile)
+            above, live, self.at_optimizer, self.intermediates = self._cpu_peak(self._profile)
             self._profile = None
+        self.live = dict(zip(LIVE, live, strict=True))
         self.bytes = self._held + max(0, above)
 
-    def _cuda_peak(self) -> tuple[int, int, bool]:
-        """(bytes above the start, gradient bytes then, whether in the optimizer's step)."""
+    def _at_optimizer_state(self) -> Snapshot:
+        """What is live as the optimizer's step begins: every gradient, nothing saved."""
+        return Live(None, self._all_grads).snapshot()
+
+    def _cuda_peak(self) -> tuple[int, Snapshot, bool, int]:
+        """(bytes above the start, the parts live then, whether in the optimizer's step, its
+        intermediate results then)."""
         now = torch.cuda.max_memory_allocated(self.device)
         if self._forward_backward is not None and now >= self._forward_backward:
-            return now - self._before, self._all_grads, True
+            return now - self._before, self._at_optimizer_state(), True, now - self._at_optimizer
         peak = now if self._forward_backward is None else self._forward_backward
-        grads = self._start_grads  # the gradients before the first mark that saw the peak
-        for grads_then, peak_then in self._marks:
-            if peak_then >= peak:
-                return peak - self._before, grads, False
-            grads = grads_then
-        return peak - self._before, grads, False
+        state = self._now.first  # the parts as the step began
+        for then, made, peak_then in self._marks:
+            if peak_then >= peak:  # reached since the mark before: its state, what a node made
+                return peak - self._before, _plus(state, made), False, 0
+            state = then
+        return peak - self._before, state, False, 0
 
-    def _cpu_peak(self, profile) -> tuple[int, int, bool]:
+    def _cpu_peak(self, profile) -> tuple[int, Snapshot, bool, int]:
         """The same from a CPU profile's events, walked in time order: the live bytes are
         counted from the profile's start, their peak from the measured step's start."""
         events = sorted(profile.profiler.kineto_results.events(), key=lambda e: e.start_ns())
-        live = most = 0
+        live = most = optimizer_live = 0
         start: int | None = None  # the live bytes as the measured step starts
-        grads = most_grads = self._start_grads
-        optimizer = at_optimizer = False
+        state = most_state = self._now.first
+        optimizer = at_optimizer = reached = False  # reached: the peak, since the last mark
+        later = 0  # bytes allocated since the peak
         for event in events:
             name = event.name()
             if name == "[memory]":
                 live += event.nbytes()
+                later += max(0, event.nbytes())
                 if start is not None and live - start > most:
-                    most, most_grads, at_optimizer = live - start, grads, optimizer
+                    most, most_state, at_optimizer, reached = live - start, state, optimizer, True
+                    later = 0
             elif name == STEP_MARK:
                 start = live
-            elif name.startswith(GRADS_MARK):
-                grads = int(name.removeprefix(GRADS_MARK))
+            elif name.startswith(LIVE_MARK) and not optimizer:
+                then, made = (_numbers(n) for n in name.removeprefix(LIVE_MARK).split("|"))
+                if reached:  # a node ending now ran at the peak: what it made before it
+                    most_state = _plus(state, _made_before(made, later))
+                state, reached = then, False
             elif name == OPTIMIZER_MARK:
-                optimizer, grads = True, self._all_grads
-        return most, most_grads, at_optimizer
+                optimizer, state, optimizer_live = True, self._at_optimizer_state(), live
+        intermediates = most + (start or 0) - optimizer_live if at_optimizer else 0
+        return most, most_state, at_optimizer, intermediates
 
     def peak_memory(self) -> dict[str, float]:
         """``peak_memory`` of the whole run: on CUDA, the larger of the peaks before the
@@ -182,37 +226,181 @@ class StepPeak:
 
 
 KINETO_QUIET = "6"  # above its highest level (USDT, 5): nothing printed
-GRADS_MARK = "ampsweep::gradient bytes "  # profiler events the measured step adds
+LIVE_MARK = "ampsweep::live "  # profiler events the measured step adds
 OPTIMIZER_MARK = "ampsweep::optimizer step"
 STEP_MARK = "ampsweep::measured step"
 
+# The parts counted as the step runs, in the order of a mark's numbers
+LIVE = ("grads", "activations", "autocast_cache", "fp8", "activation_grads")
+Snapshot = tuple[int, ...]
+NOTHING: Snapshot = (0,) * len(LIVE)
 
-PARTS = ("params", "grads", "optimizer", "master_weights", "autocast_cache", "activations", "fp8")
+
+def _text(numbers: Snapshot) -> str:
+    return " ".join(map(str, numbers))
 
 
-def breakdown(peak: StepPeak, held: dict[str, float], meter: SavedTensorMeter) -> dict[str, float]:
+def _numbers(text: str) -> Snapshot:
+    return tuple(int(n) for n in text.split())
+
+
+def _plus(a: Snapshot, b: Snapshot) -> Snapshot:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+def _made_before(made: Snapshot, later: int) -> Snapshot:
+    """Of what a node made (live as it ends), what was made before its peak: at least all of
+    it but the bytes it allocated after the peak, taken off the parameters' gradients first
+    (a node computes them after the gradient of its input)."""
+    out = dict(zip(LIVE, made, strict=True))
+    for part in ("grads", "activation_grads"):
+        taken = min(out[part], later)
+        out[part], later = out[part] - taken, later - taken
+    return tuple(out[part] for part in LIVE)
+
+
+class Live:
+    """The bytes of each part (``LIVE``) live at this moment of the measured step, told to
+    ``mark`` (the state now, and what the node ending now made) at each change.
+
+    Saved tensors (``keep``): each storage counts once, from the first time autograd saves it
+    to the last time it lets go of it. Gradients of activations (``watch``): a node's
+    gradient for one input of the next node counts from the moment the node that makes it
+    ends until the node it feeds ends (having used it); several nodes feeding one input
+    count once (autograd adds them into one buffer, freeing each as it is added), and a
+    gradient handed on as it came (a view's, an addition's) counts once, by its storage.
+    Gradients that feed a parameter are ``grads`` as the parameter's accumulates it; a
+    peak while a node runs counts what it made as live then."""
+
+    def __init__(self, mark, grads: int = 0):
+        self._mark = mark  # None: a state that marks nothing
+        self.bytes = dict.fromkeys(LIVE, 0)
+        self.bytes["grads"] = grads
+        self.first = self.snapshot()  # as the step began
+        self._saved: dict[tuple[str, int], list] = {}  # storage -> [part, bytes, holders]
+        self._flying: dict[tuple[str, int], list] = {}  # storage -> [bytes, inputs fed]
+        self._feeds: dict[tuple[int, int], tuple[str, int]] = {}  # (node, input) -> storage
+
+    def snapshot(self) -> Snapshot:
+        return tuple(self.bytes[part] for part in LIVE)
+
+    def add(self, part: str, nbytes: int, made: Snapshot = NOTHING) -> None:
+        self.bytes[part] += nbytes
+        if self._mark is not None:
+            self._mark(self.snapshot(), made)
+
+    def keep(self, t: torch.Tensor, key: tuple[str, int], part: str, size: int) -> Held:
+        held = self._saved.setdefault(key, [part, size, 0])
+        held[2] += 1
+        if held[2] == 1:
+            self.add(part, size)
+        return Held(t, partial(self._let_go, key))
+
+    def _let_go(self, key: tuple[str, int]) -> None:
+        held = self._saved[key]
+        held[2] -= 1
+        if held[2] == 0:
+            del self._saved[key]
+            self.add(held[0], -held[1])
+
+    def watch(self, loss: torch.Tensor) -> None:
+        """Hook each node of ``loss``'s backward graph but the parameters' own
+        (AccumulateGrad, whose hooks would keep it from taking a gradient as it is)."""
+        nodes: dict[int, tuple[int, Node]] = {}  # id -> (index, node), while walking
+        todo = [loss.grad_fn] if loss.grad_fn is not None else []
+        while todo:
+            node = todo.pop()
+            if id(node) in nodes:
+                continue
+            nodes[id(node)] = (len(nodes), node)
+            todo += [f for f, _ in node.next_functions if f is not None and not _leaf(f)]
+        for index, walked in nodes.values():
+            feeds = [
+                None if f is None else LEAF if _leaf(f) else (nodes[id(f)][0], slot)
+                for f, slot in walked.next_functions
+            ]
+            walked.register_prehook(partial(self._node_begins, index))
+            walked.register_hook(partial(self._node_ends, index, feeds))
+
+    def _feed(self, to: tuple[int, int], g: torch.Tensor) -> None:
+        if to in self._feeds:  # added into the gradient the input has already
+            return
+        key, size = storage_of(g)
+        self._feeds[to] = key
+        flying = self._flying.setdefault(key, [size, 0])
+        flying[1] += 1
+        if flying[1] == 1:
+            self.bytes["activation_grads"] += size
+
+    def _used(self, to: tuple[int, int]) -> None:
+        key = self._feeds.pop(to, None)
+        if key is not None:
+            flying = self._flying[key]
+            flying[1] -= 1
+            if flying[1] == 0:
+                del self._flying[key]
+                self.bytes["activation_grads"] -= flying[0]
+
+    def _node_begins(self, index: int, grad_outputs) -> None:
+        # What reaches it from a node not hooked (the loss's scaling): in flight from now
+        for slot, g in enumerate(grad_outputs):
+            if g is not None:
+                self._feed((index, slot), g)
+        self.add("activation_grads", 0)
+
+    def _node_ends(self, index: int, feeds: list, grad_inputs, grad_outputs) -> None:
+        before = self.bytes["activation_grads"]
+        to_params = 0
+        for to, g in zip(feeds, grad_inputs, strict=False):
+            if g is None or to is None:
+                continue
+            if to is LEAF:
+                to_params += tensor_bytes(g)
+            else:
+                self._feed(to, g)
+        made = self.bytes["activation_grads"] - before  # new storages: made by this node
+        for slot in range(len(grad_outputs)):
+            self._used((index, slot))
+        grads = dict.fromkeys(LIVE, 0) | {"grads": to_params, "activation_grads": made}
+        self.add("activation_grads", 0, tuple(grads[part] for part in LIVE))
+
+
+LEAF = (-1, -1)  # a gradient that feeds a parameter (its AccumulateGrad)
+
+
+def _leaf(node) -> bool:
+    return hasattr(node, "variable")  # AccumulateGrad: the leaf it accumulates into
+
+
+PARTS = (
+    "params", "grads", "optimizer", "master_weights", "autocast_cache", "activations",
+    "activation_grads", "fp8",
+)  # fmt: skip
+
+
+def breakdown(peak: StepPeak, held: dict[str, float]) -> dict[str, float]:
     """The measured step's peak and what was live at it, as metrics in MiB:
     ``mem/step_peak_mib``, ``mem/<part>_mib`` for each of ``PARTS`` (0.0 for a part the mode
     does not have, or that was not live then), ``mem/other_mib`` (the peak minus the parts:
-    temporaries such as the gradients of activations in backward or the optimizer's
-    intermediate results, workspace; never hidden), and ``mem/step_peak_at_optimizer`` (1.0
-    when the peak is in the optimizer's step).
+    a kernel's temporaries and workspace, the batch, what the loop holds; never hidden),
+    ``mem/step_peak_at_optimizer`` (1.0 when the peak is in the optimizer's step) and
+    ``mem/optimizer_intermediates_mib`` (then: what its step allocated and still held,
+    counted in ``optimizer`` with its state).
 
     ``held``: the model's memory by ``<part>_<dtype>`` (``model_memory``; under FSDP
     ``params`` are this rank's shards and ``params_gathered`` the unsharded parameters it
     holds at once while forward and backward run, recorded apart as ``params_sharded`` and
-    ``params_gathered``; ``params`` counts both at a peak in forward or backward).
-    ``meter``: what a micro-batch saved for backward, all of it live until backward begins:
-    at a peak in backward, some of it may already be freed (then ``other`` is understated).
-    At a peak in the optimizer's step, autograd has freed it all."""
+    ``params_gathered``; ``params`` counts both at a peak in forward or backward). The
+    gradients, what autograd saved and the gradients of activations are those live at the
+    peak (``StepPeak.live``)."""
     assert peak.bytes is not None  # measured
     totals: dict[str, float] = {}
     for key, nbytes in held.items():
         part = key.rsplit("_", 1)[0]
         totals[part] = totals.get(part, 0) + nbytes
-    saved = {} if peak.at_optimizer else meter.parts
-    sizes = {part: float(totals.get(part, 0) + saved.get(part, 0)) for part in PARTS}
-    sizes["grads"] = float(peak.grads)
+    sizes = {part: float(totals.get(part, 0)) for part in PARTS}
+    sizes.update({part: float(nbytes) for part, nbytes in peak.live.items()})
+    sizes["optimizer"] += peak.intermediates
     if not peak.at_optimizer:  # FSDP's gathered parameters: freed before the optimizer's step
         sizes["params"] += totals.get("params_gathered", 0)
     out = {f"mem/{part}_mib": nbytes / MIB for part, nbytes in sizes.items()}
@@ -222,6 +410,7 @@ def breakdown(peak: StepPeak, held: dict[str, float], meter: SavedTensorMeter) -
     out["mem/step_peak_mib"] = peak.bytes / MIB
     out["mem/other_mib"] = (peak.bytes - sum(sizes.values())) / MIB
     out["mem/step_peak_at_optimizer"] = float(peak.at_optimizer)
+    out["mem/optimizer_intermediates_mib"] = peak.intermediates / MIB
     return out
 
 

@@ -36,6 +36,7 @@ PART_NAMES = {
     "master_weights": "master weights",
     "autocast_cache": "autocast cache",
     "activations": "activations",
+    "activation_grads": "activation grads",
     "fp8": "fp8",
     "other": "other",
 }
@@ -46,6 +47,7 @@ PART_COLORS = {
     "master_weights": "#ccb974",
     "autocast_cache": "#dd8452",
     "activations": "#55a868",
+    "activation_grads": "#a6d854",
     "fp8": "#937860",
     "other": "#bbbbbb",
 }
@@ -85,6 +87,7 @@ def row_memory(run: RunData) -> dict:
         "peak_at_optimizer": bd.at_optimizer,
         "saved_mib": bd.saved,
         "weight_copies_mib": bd.copies,
+        "optimizer_intermediates_mib": bd.intermediates,
     }
     if run.activations_by_module:
         out["activations_by_module"] = run.activations_by_module[:TOP_MODULES]
@@ -106,9 +109,14 @@ def of_row(row: Row) -> Breakdown | None:
     if not m or m.get("step_peak_mib") is None or row.precision not in modes.MODES:
         return None
     at_optimizer, saved = m.get("peak_at_optimizer", False), m.get("saved_mib", 0.0)
-    copies = m.get("weight_copies_mib", 0.0)
+    copies, intermediates = (
+        m.get("weight_copies_mib", 0.0),
+        m.get("optimizer_intermediates_mib", 0.0),
+    )
     parts = dict(m["parts"])
-    return Breakdown(row.precision, m["batch"], parts, True, (), at_optimizer, saved, copies)
+    return Breakdown(
+        row.precision, m["batch"], parts, True, (), at_optimizer, saved, copies, intermediates
+    )
 
 
 def measured_rows(rows: Iterable[Row]) -> list[tuple[Row, Breakdown]]:
@@ -231,8 +239,9 @@ def findings(group: list[Row], base: str, where: str) -> list[str]:
 
 def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
     """``bf16 saved 4% of the step's peak against fp32, 812 MiB vs 846 MiB at batch 8: the
-    activations and the temporaries beside them are 9% of fp32's peak; the weights, gradients
-    and optimizer state are 71%. What dominates does not shrink with autocast: ...``"""
+    activations, their gradients and backward's temporaries are 9% of fp32's peak; the
+    weights, gradients and optimizer state are 71%. What dominates does not shrink with
+    autocast: ...``"""
     change = 1 - bd.total / ref.total
     verb = f"saved {percent(change)} of the step's peak against {ref.mode}"
     if change < 0:
@@ -240,18 +249,19 @@ def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
     if abs(change) < 0.005:
         verb = f"saved nothing of the step's peak against {ref.mode}"
     head = f"{bd.mode} {verb}{where}, {mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch}"
-    act, weights = ref.share("activations", "other"), ref.share(*WEIGHTS)
+    act, weights = ref.share("activations", "activation_grads", "other"), ref.share(*WEIGHTS)
     why = (
-        f"the activations and the temporaries beside them are {percent(act)} of {ref.mode}'s "
-        f"peak; the weights, gradients and optimizer state are {percent(weights)}"
+        f"the activations, their gradients and backward's temporaries are {percent(act)} of "
+        f"{ref.mode}'s peak; the weights, gradients and optimizer state are {percent(weights)}"
     )
     if ref.at_optimizer:  # nothing autocast halves is live at the peak
-        weights += ref.share("other")
+        weights += ref.share("other")  # (the optimizer's intermediate results of older runs)
+        steps = ref.intermediates / ref.total if ref.total else 0.0
         why = (
             f"{ref.mode}'s peak is in the optimizer's step, after backward has freed the "
             f"activations autocast halves: the weights, gradients and optimizer state are "
-            f"{percent(ref.share(*WEIGHTS))} of it, the optimizer's temporaries "
-            f"{percent(ref.share('other'))}"
+            f"{percent(ref.share(*WEIGHTS) - steps)} of it, the optimizer's intermediate "
+            f"results {percent(steps)}"
         )
     cache = bd.parts.get("autocast_cache", 0.0) + bd.parts.get("fp8", 0.0)
     if change < 0 and cache:

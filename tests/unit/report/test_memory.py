@@ -62,7 +62,7 @@ def test_weights_and_optimizer_dominate_autocast_saves_nothing_and_the_fix_is_na
     assert head.startswith("bf16 used 12% more memory than fp32 at the step's peak")
     assert ", 290 MiB vs 260 MiB at batch 2:" in head
     assert "its bf16 weight copies (32 MiB) outweigh what it saved of the activations" in head
-    assert "the activations and the temporaries beside them are 1% of fp32's peak" in head
+    assert "the activations, their gradients and backward's temporaries are 1% of fp32's" in head
     assert "the weights, gradients and optimizer state are 99%" in head
     assert "What dominates does not shrink with autocast" in head
     # bf16_pure: weights, gradients and Adam's state halved, no cache: about half of fp32's
@@ -78,9 +78,9 @@ def test_weights_and_optimizer_dominate_autocast_saves_nothing_and_the_fix_is_na
 def test_a_peak_in_the_optimizers_step_is_said_so_and_a_pure_mode_predicted_from_it():
     # As a wide MLP at batch 2 measured it: the peak falls in AdamW's step, where backward has
     # freed what it saved (bf16's copies of the weights among it) and the optimizer's
-    # temporaries (other) are as large as the parameters
-    fp32_step = {"params": 64.0, "grads": 64.0, "optimizer": 128.0, "other": 64.0}
-    at_opt = {capacity.AT_OPTIMIZER: 1.0}
+    # intermediate results (in its part, beside its state) are as large as the parameters
+    fp32_step = {"params": 64.0, "grads": 64.0, "optimizer": 192.0}
+    at_opt = {capacity.AT_OPTIMIZER: 1.0, capacity.INTERMEDIATES: 64.0}
     fp32 = run("fp32", 2, fp32_step, **at_opt, **{capacity.SAVED: 0.06})
     bf16 = run("bf16", 2, fp32_step, **at_opt, **{capacity.SAVED: 32.03})
     rep = report_of([fp32, bf16])
@@ -90,7 +90,7 @@ def test_a_peak_in_the_optimizers_step_is_said_so_and_a_pure_mode_predicted_from
         "fp32's peak is in the optimizer's step, after backward has freed the activations" in head
     )
     assert "the weights, gradients and optimizer state are 80% of it" in head
-    assert "the optimizer's temporaries 20%" in head
+    assert "the optimizer's intermediate results 20%" in head
     # pure bf16: weights, gradients, state and the optimizer's temporaries all halve
     assert "precision=bf16_pure (weights, gradients and optimizer state in bf16" in head
     assert "predicted 160 MiB" in head
@@ -102,7 +102,7 @@ def test_activations_dominate_autocast_halves_the_peak_and_a_larger_batch_fits()
     head = next(f for f in rep.findings if f.startswith("bf16 "))
     assert head.startswith("bf16 saved 50% of the step's peak against fp32")
     assert ", 222 MiB vs 442 MiB at batch 512:" in head
-    assert "the activations and the temporaries beside them are 100% of fp32's peak" in head
+    assert "the activations, their gradients and backward's temporaries are 100% of fp32's" in head
     assert "The activations dominate, so autocast's saving is real" in head
     # bf16's step at batch b: 2.25 + 220 b / 512 MiB; fp32's peak 442 MiB: b = 1023
     assert "precision=bf16 trainer.batch_size=1023 (the largest batch bf16 fits in fp32" in head
