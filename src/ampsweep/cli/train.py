@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from ampsweep import console
 from ampsweep.cli import trust
 from ampsweep.config.compose import config_dir, saved_config_overrides
+from ampsweep.config.messages import CALLBACKS
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import data, distributed
 from ampsweep.errors import FaultError
@@ -324,7 +325,6 @@ def run_sweep(parsed: argparse.Namespace, command: CommandContext, typed: list[s
 # What the command that resumes a run leaves out of the one that ran it: where it resumes
 # from (trainer.resume=auto takes its place), and its callbacks (not in the config hash: a
 # run a callback stopped resumes without it, or the callback would stop it again).
-CALLBACKS = "trainer.callbacks"
 NOT_RESUMED = ("trainer.resume", CALLBACKS)
 CALLBACKS_LEFT = f"its {CALLBACKS} left out (a run a callback stopped resumes without it), "
 
