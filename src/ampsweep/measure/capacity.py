@@ -117,6 +117,11 @@ def _param_bytes(mode: modes.PrecisionMode) -> int:
     return 2 if mode.pure else 4
 
 
+def _state_bytes(mode: modes.PrecisionMode, master_weights: bool) -> int:
+    """Bytes of one element of the optimizer's state: fp32 beside fp32 master weights."""
+    return 4 if master_weights else _param_bytes(mode)
+
+
 def _act_bytes(mode: modes.PrecisionMode) -> int:
     """Bytes of one element saved for backward: a 16-bit float in every mode that computes in
     one (autocast saves the outputs of its matmuls and convolutions in their dtype)."""
@@ -156,17 +161,31 @@ class Breakdown:
     def share(self, *parts: str) -> float:
         return sum(self.parts.get(p, 0.0) for p in parts) / self.total if self.total else 0.0
 
-    def at(self, batch: int | None = None, mode: str | None = None) -> Breakdown:
+    @property
+    def master_weights(self) -> bool:
+        """Whether its optimizer keeps fp32 master weights (``precision.master_weights``)."""
+        return self.parts.get("master_weights", 0.0) > 0
+
+    def at(
+        self, batch: int | None = None, mode: str | None = None, master_weights: bool | None = None
+    ) -> Breakdown:
         """The same step at another ``batch`` and in another ``mode``, not run: parameters,
         gradients and optimizer state do not grow with the batch and take their mode's dtype;
         the activations (what autograd saves beyond the weight copies) grow in proportion to
         the batch and take the mode's compute dtype, and so do the gradients of activations in
         flight; the autocast cache exists in an autocast mode only (predicted from fp32 as a
         16-bit copy of every parameter: an upper bound, only matmul and convolution weights
-        are cast); ``other`` (temporaries, workspace) scales with the activations."""
+        are cast); ``other`` (temporaries, workspace) scales with the activations.
+        ``master_weights`` (a pure mode; default: as measured): fp32 copies of the weights
+        (4 B each) and the optimizer's state in fp32."""
         batch = self.batch if batch is None else batch
         out = self._at_batch(batch)
-        return out if mode is None or mode == self.mode else out._in_mode(mode)
+        mode = mode or self.mode
+        masters = self.master_weights if master_weights is None else master_weights
+        masters = masters and modes.MODES[mode].pure
+        if mode == self.mode and masters == self.master_weights:
+            return out
+        return out._in_mode(mode, masters)
 
     def _at_batch(self, batch: int) -> Breakdown:
         p = dict(self.parts)
@@ -194,14 +213,16 @@ class Breakdown:
         held = ("params", "grads", "optimizer", "master_weights")
         return sum(self.parts.get(k, 0.0) for k in held) - self.intermediates
 
-    def _in_mode(self, name: str) -> Breakdown:
+    def _in_mode(self, name: str, masters: bool = False) -> Breakdown:
         src, dst = modes.MODES[self.mode], modes.MODES[name]
         p, guessed = self.parts, set(self.estimated)
         weights = _param_bytes(dst) / _param_bytes(src)
+        state = _state_bytes(dst, masters) / _state_bytes(src, self.master_weights)
         elements = p.get("params", 0.0) / _param_bytes(src)  # in Mi-elements
         acts = _act_bytes(dst) / _act_bytes(src)
-        out = {part: p.get(part, 0.0) * weights for part in ("params", "grads", "optimizer")}
-        out["master_weights"] = p.get("master_weights", 0.0) if src.pure and dst.pure else 0.0
+        out = {part: p.get(part, 0.0) * weights for part in ("params", "grads")}
+        out["optimizer"] = p.get("optimizer", 0.0) * state
+        out["master_weights"] = 4.0 * elements if masters else 0.0
         cache = p.get("autocast_cache", 0.0)
         if dst.autocast and not (src.autocast and cache):
             cache = 2.0 * elements
@@ -215,14 +236,17 @@ class Breakdown:
         out["activations"] = p.get("activations", 0.0) * acts
         out["activation_grads"] = p.get("activation_grads", 0.0) * acts
         # the optimizer's temporaries take its parameters' dtype; backward's, the activations'
-        out["other"] = p.get("other", 0.0) * (weights if self.at_optimizer else acts)
+        out["other"] = p.get("other", 0.0) * (state if self.at_optimizer else acts)
         copies = 0.0
         if self.at_optimizer:  # no cache is live in the optimizer's step; backward holds one
             copies = out["autocast_cache"] if self.copies == 0.0 else self.copies
             copies = copies if dst.autocast else 0.0
             out["autocast_cache"] = 0.0
         kept = tuple(sorted(g for g in guessed if out.get(g) or (g == "autocast_cache" and copies)))
-        saved, intermediates = self.saved * acts, self.intermediates * weights
+        saved, intermediates = self.saved * acts, self.intermediates * state
+        if self.at_optimizer:  # master weights' step casts the gradients to fp32, freeing them
+            extra = 2.0 * elements * (int(masters) - int(self.master_weights))
+            out["optimizer"], intermediates = out["optimizer"] + extra, intermediates + extra
         return Breakdown(
             name, self.batch, out, False, kept, self.at_optimizer, saved, copies, intermediates
         )

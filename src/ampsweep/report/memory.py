@@ -211,6 +211,21 @@ def fixes(base: Breakdown, amp: Breakdown) -> list[Fix]:
                     amp.mode,
                 )
             )
+        # fp32 copies keep every update and hold as much as fp32's weights: offered only
+        # where what it does save (the autocast cache, fp32 activations) makes it smaller
+        masters = amp.at(mode=pure.name, master_weights=True) if pure else None
+        if pure is not None and masters is not None and masters.total < amp.total:
+            out.append(
+                Fix(
+                    (f"precision={pure.name}", "precision.master_weights=true"),
+                    masters.total,
+                    f"{pure.dtype} weights and gradients beside fp32 master weights and "
+                    "optimizer state, which keep every update: as much weight memory as fp32, "
+                    "no autocast cache",
+                    amp.total,
+                    amp.mode,
+                )
+            )
         out.append(
             Fix(
                 (f"precision={amp.mode}", "trainer.strategy=fsdp", "trainer.nproc=2"),

@@ -213,3 +213,41 @@ def test_a_peak_in_the_optimizers_step_holds_until_backwards_outgrows_it():
     assert bd.max_batch(20 * capacity.MIB) == 0  # the optimizer's step alone does not fit
     pure = bd.at(mode="bf16_pure")
     assert pure.total == 12.0 and pure.copies == 0.0  # temporaries halve with the weights
+
+
+def test_fp32_master_weights_are_predicted_as_a_pure_modes_fp32_copies_and_state():
+    # fp32's step with AdamW: 4 + 4 + 8 B a parameter (1 Mi of them), 10 MiB saved for backward
+    metrics = {"mem/params_mib": 4.0, "mem/grads_mib": 4.0, "mem/optimizer_mib": 8.0}
+    metrics |= {"mem/activations_mib": 10.0, "mem/other_mib": 1.0}
+    fp32 = capacity.breakdown(metrics, "fp32", 8)
+    assert fp32 is not None and not fp32.master_weights
+    masters = fp32.at(mode="bf16_pure", master_weights=True)
+    assert masters.master_weights
+    parts = {k: masters.parts[k] for k in ("params", "master_weights", "grads", "optimizer")}
+    assert parts == {"params": 2.0, "master_weights": 4.0, "grads": 2.0, "optimizer": 8.0}
+    assert masters.parts["activations"] == 5.0
+    # the weights take as much as fp32's (16 B a parameter): the saving is the activations'
+    held = ("params", "master_weights", "grads", "optimizer")
+    assert sum(masters.parts[k] for k in held) == sum(fp32.parts[k] for k in held[:1] + held[2:])
+    assert fp32.at(mode="bf16_pure").parts["optimizer"] == 4.0  # without: state in bf16
+    assert not fp32.at(mode="bf16", master_weights=True).master_weights  # a pure mode's only
+    # and back: a run that kept them predicts the pure mode without them, and fp32
+    back = capacity.breakdown({f"mem/{k}_mib": v for k, v in masters.parts.items()}, "bf16_pure", 8)
+    assert back is not None and back.master_weights and back.at().master_weights
+    assert back.at(master_weights=False).parts["master_weights"] == 0.0
+    assert back.at(master_weights=False).parts["optimizer"] == 4.0
+    assert back.at(mode="fp32").parts["optimizer"] == 8.0
+    assert back.at(mode="fp32").parts["master_weights"] == 0.0
+
+
+def test_master_weights_at_a_peak_in_the_optimizers_step_hold_fp32_copies_of_the_gradients():
+    # fp32's AdamW step (1 Mi parameters): 16 MiB held and 8 MiB of its intermediate results
+    metrics = {"mem/params_mib": 4.0, "mem/grads_mib": 4.0, "mem/optimizer_mib": 16.0}
+    metrics |= {capacity.AT_OPTIMIZER: 1.0, capacity.INTERMEDIATES: 8.0}
+    fp32 = capacity.breakdown(metrics, "fp32", 2)
+    assert fp32 is not None
+    masters = fp32.at(mode="bf16_pure", master_weights=True)
+    # the step casts the bf16 gradients (2 MiB) into fp32 ones (4 MiB): 2 MiB more in it
+    assert masters.parts["optimizer"] == 18.0 and masters.intermediates == 10.0
+    assert masters.total == 2.0 + 4.0 + 2.0 + 18.0  # 2 MiB over fp32's: the bf16 weights
+    assert masters.at(mode="fp32").total == fp32.total

@@ -68,6 +68,10 @@ def test_weights_and_optimizer_dominate_autocast_saves_nothing_and_the_fix_is_na
     # bf16_pure: weights, gradients and Adam's state halved, no cache: about half of fp32's
     assert "precision=bf16_pure (weights, gradients and optimizer state in bf16" in head
     assert "predicted 130 MiB" in head
+    # fp32 master weights: fp32's 256 MiB of weights, gradients and state, but no cache
+    masters = "precision=bf16_pure precision.master_weights=true (bf16 weights and gradients"
+    assert masters in head
+    assert "as much weight memory as fp32, no autocast cache, predicted 258 MiB" in head
     assert "precision=bf16 trainer.strategy=fsdp trainer.nproc=2" in head
     # the cache is over a tenth of bf16's peak: a finding of its own, with its fix
     assert "bf16's autocast cache holds 32 MiB of bf16 weight copies, 11% of" in text
