@@ -289,8 +289,8 @@ def model_memory(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> d
     (one per trainable parameter, in its dtype), ``optimizer`` state (read from the
     optimizer, so after its first step) and ``master_weights``: fp32 copies an optimizer keeps
     beside half-precision parameters, in a state entry named for them (``master_param``, as
-    optimizers that keep them name it). No mode of the table keeps such copies: the pure modes
-    update their half-precision parameters themselves. Of sharded tensors (FSDP), this rank's
+    optimizers that keep them name it): a pure mode's with ``precision.master_weights=true``
+    (``engine.optim.MasterWeights``). Of sharded tensors (FSDP), this rank's
     shards."""
     out: dict[str, float] = {}
     for p in module.parameters():
