@@ -2,7 +2,9 @@
 it stopped, and the snapshot of the trained model that is handed to MLflow (``snapshot``).
 
 A checkpoint holds the model, optimizer, schedule and GradScaler state (the loss scale and its
-growth tracker: a resumed fp16 run that restarted at 65536 would overflow again), every RNG
+growth tracker: a resumed fp16 run that restarted at 65536 would overflow again), a pure mode's
+fp32 master weights within the optimizer's (rebuilt from the rounded 16-bit weights, they would
+lose what the rounding dropped), every RNG
 state (Python, NumPy, torch CPU and CUDA; the data order itself is a function of (seed, epoch)
 and ``TrainState.batch`` is the position in it), the ``TrainState`` with the running totals
 the loop has not logged yet, the MLflow run id, and the config with its hash.
