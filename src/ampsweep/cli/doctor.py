@@ -45,7 +45,7 @@ from ampsweep.cli.prescription import (
     Prescription,
     Trial,
     fp32_advice,
-    precision_of,
+    launch,
     standardising,
     targets_advice,
     typed,
@@ -420,14 +420,8 @@ class Doctor:
         return rest, named[-1].split("=", 1)[1] if named else ""
 
     def verify(self, rx: list[Prescription]) -> int:
-        from ampsweep.cli.train import cmd_train
-        from ampsweep.runner.context import CommandContext
-
-        command = CommandContext()
         rest, _ = self._launch_overrides(rx)
-        args = ["-m", "--config-dir", str(self.folder), f"experiment={EXPERIMENT}", *rest]
-        code = cmd_train(args, command)
-        runs = {precision_of(o.overrides): o for o in command.outcomes}
+        code, runs = launch(self.folder, EXPERIMENT, rest, "precision")
         base = runs.get("fp32")
         if base is None or base.status != store.FINISHED:
             console.error("doctor --verify: the fp32 run of the sweep did not finish: no verdict")

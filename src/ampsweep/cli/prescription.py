@@ -115,9 +115,10 @@ def typed(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
 
 
-def precision_of(overrides: list[str]) -> str:
+def choice_of(overrides: list[str], key: str) -> str:
+    """The value ``overrides`` give ``key`` (``+key=`` too), or ""."""
     for o in overrides:
-        if o.split("=", 1)[0] == "precision":
+        if o.lstrip("+").split("=", 1)[0] == key.lstrip("+"):
             return o.split("=", 1)[1]
     return ""
 
@@ -194,40 +195,86 @@ def write_experiment(
     the prescription itself, is not run again."""
     from omegaconf import OmegaConf
 
-    stamp = f"{datetime.now():%Y-%m-%d %H:%M}"
-    what = f"model={cfg.model.name} on dataset={cfg.dataset.name}"
-    (folder / "precision").mkdir(parents=True, exist_ok=True)
-    (folder / "experiment").mkdir(parents=True, exist_ok=True)
     for p in rx:
         body = {
             "precision": p.precision,
             "tracking": {"run_name": f"{p.option}-{cfg.model.name}-{cfg.dataset.name}"},
         }
-        header = (
-            f"# @package _global_\n# precision={p.option}: written by ampsweep doctor "
-            f"({stamp}) for {what}\n# {p.mode}: {p.problem}\n"
-            f"# the same as: {' '.join(p.overrides)}\n"
-        )
-        text = header + OmegaConf.to_yaml(OmegaConf.create(body))
-        (folder / "precision" / f"{p.option}.yaml").write_text(text)
+        lines = [f"{p.mode}: {p.problem}", f"the same as: {' '.join(p.overrides)}"]
+        write_option(folder / "precision", p.option, body, cfg, lines)
     failing = dict.fromkeys(p.mode for p in rx if not p.data)
     swept = ["fp32", *failing, *(p.option for p in rx)]
-    command = " ".join(
-        ["ampsweep", "train", "-m", "--config-dir", str(folder), f"experiment={name}", *rest]
-    )
-    sweep: dict[str, Any] = {"hydra": {"sweeper": {"params": {"precision": ",".join(swept)}}}}
+    sweep: dict[str, Any] = {}
     data = [o for p in rx for o in p.data]
     if data:  # on every run: the score is compared on the same targets
         changed = OmegaConf.to_container(OmegaConf.from_dotlist(data))
         assert isinstance(changed, dict)  # dotted keys compose a mapping
-        sweep = {**{str(k): v for k, v in changed.items()}, **sweep}
+        sweep = {str(k): v for k, v in changed.items()}
+    about = "fp32, the modes that failed and their prescriptions"
+    return write_sweep(folder, name, {"precision": swept}, sweep, rest, experiment, cfg, about)
+
+
+def written_for(cfg) -> str:
+    """What a written file says it was written for: when, and for which model and data."""
+    return (
+        f"written by ampsweep doctor ({datetime.now():%Y-%m-%d %H:%M}) for "
+        f"model={cfg.model.name} on dataset={cfg.dataset.name}"
+    )
+
+
+def write_option(group: Path, option: str, body: dict, cfg, about: list[str]) -> Path:
+    """``option`` of the config group in folder ``group``: ``body`` at the config's top
+    (``@package _global_``), headed by what it is for (``about``: one line each)."""
+    from omegaconf import OmegaConf
+
+    group.mkdir(parents=True, exist_ok=True)
+    lines = [f"{group.name}={option}: {written_for(cfg)}", *about]
+    header = "# @package _global_\n" + "".join(f"# {line}\n" for line in lines)
+    path = group / f"{option}.yaml"
+    path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(body)))
+    return path
+
+
+def write_sweep(
+    folder: Path,
+    name: str,
+    params: dict[str, list[str]],
+    body: dict,
+    rest: list[str],
+    experiment: str,
+    cfg,
+    about: str,
+) -> tuple[Path, str]:
+    """``experiment=<name>``: ``body`` and the sweep of ``params`` (a key, its options), over
+    the user's own ``experiment`` if any; its path and the command that launches it with the
+    overrides ``rest``."""
+    from omegaconf import OmegaConf
+
+    (folder / "experiment").mkdir(parents=True, exist_ok=True)
+    command = " ".join(
+        ["ampsweep", "train", "-m", "--config-dir", str(folder), f"experiment={name}", *rest]
+    )
+    swept = {key: ",".join(options) for key, options in params.items()}
+    sweep: dict[str, Any] = {**body, "hydra": {"sweeper": {"params": swept}}}
     if experiment:  # the user's experiment first, then this sweep over it
         sweep = {"defaults": [experiment, "_self_"], **sweep}
     header = (
-        f"# @package _global_\n# experiment={name}: written by ampsweep doctor "
-        f"({stamp}) for {what}: fp32, the modes that failed and their prescriptions.\n"
+        f"# @package _global_\n# experiment={name}: {written_for(cfg)}: {about}.\n"
         f"# Launch: {command}\n"
     )
     path = folder / "experiment" / f"{name}.yaml"
     path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(sweep)))
     return path, command
+
+
+def launch(folder: Path, name: str, rest: list[str], key: str) -> tuple[int, dict[str, Any]]:
+    """Run ``experiment=<name>`` of ``folder`` as ``ampsweep train -m`` runs it (a parent run
+    with a child per job in MLflow, and the report): its exit code and its jobs' outcomes
+    (``runner.context.JobOutcome``) by the option each had of the swept ``key``."""
+    from ampsweep.cli.train import cmd_train
+    from ampsweep.runner.context import CommandContext
+
+    command = CommandContext()
+    args = ["-m", "--config-dir", str(folder), f"experiment={name}", *rest]
+    code = cmd_train(args, command)
+    return code, {choice_of(o.overrides, key): o for o in command.outcomes}
