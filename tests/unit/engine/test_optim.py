@@ -1,5 +1,7 @@
 """engine/optim.py: the optimizers' own settings, and the learning-rate schedule: constant, or
-a linear warm-up then a cosine decay to min_lr_ratio, at values worked out by hand."""
+a linear warm-up then a cosine decay to min_lr_ratio, at values worked out by hand; fp32 master
+weights keep the updates bf16 weights round away, show in the optimizer's state, restore
+exactly and are recorded in a run's memory."""
 
 from __future__ import annotations
 
@@ -143,12 +145,11 @@ def test_master_weights_show_as_optimizer_state_and_restore_exactly():
     assert torch.equal(layer.weight, other.weight) and torch.equal(layer.bias, other.bias)
 
 
-def test_a_run_with_master_weights_records_four_bytes_a_parameter_for_them(quick, tmp_path):
+def test_a_run_with_master_weights_records_four_bytes_a_parameter_for_them(quick):
     import ampsweep
 
-    run = ampsweep.train(
-        [*quick, "precision=bf16_pure", "precision.master_weights=true", "tracking=none"]
-    )
+    masters = ["precision=bf16_pure", "precision.master_weights=true", "diagnostics.every=2"]
+    run = ampsweep.train([*quick, *masters, "tracking=none"])
     mem = run.summary
     params = mem["mem/params_bf16_mib"] / 2  # Mi-parameters
     assert mem["mem/master_weights_fp32_mib"] == pytest.approx(4 * params)
@@ -157,3 +158,5 @@ def test_a_run_with_master_weights_records_four_bytes_a_parameter_for_them(quick
     # AdamW's two moments in fp32 beside the fp32 copies (and a step count per parameter)
     assert mem["mem/optimizer_fp32_mib"] == pytest.approx(8 * params, rel=0.01)
     assert run.config["precision"]["master_weights"] is True
+    # no update is rounded away, so none is measured as lost (bf16_pure alone measures it)
+    assert "amp/grad_underflow_frac" in run.history and "amp/update_lost_frac" not in run.history
