@@ -192,6 +192,7 @@ NOT_COMPARED = ("tracking.run_name", *NOT_HASHED)
 # FSDP's mixed-precision policy is a precision axis of its own (a sweep over
 # precision.fsdp.reduce_dtype=fp32,bf16 compares its values as it compares modes).
 SHOWN_PRECISION = (
+    "precision.master_weights",
     "precision.keep_fp32",
     "precision.fp8.keep_bf16",
     "precision.fsdp.param_dtype",

@@ -292,6 +292,18 @@ def test_seeds_and_other_settings_group_separately():
     assert rep.summary[3].acc_delta == pytest.approx(-0.01)
 
 
+def test_a_pure_mode_with_and_without_master_weights_group_apart():
+    runs = three_seeds()
+    for i in range(4):  # two seeds without master weights (jobs 6, 7), two with (8, 9)
+        runs.append(run("bf16_pure", i % 2, 6 + i, acc=0.9 + i / 100, sps=900.0, act=0.87))
+    for r in runs:
+        r.params["precision.master_weights"] = "True" if r.run_id in ("run-8", "run-9") else "False"
+    rep = sweeps.make_report({"run_id": "p"}, runs)
+    assert [(r.precision, r.varies, r.n) for r in rep.summary][2:] == [
+        ("bf16_pure", "master_weights=False", 2), ("bf16_pure", "master_weights=True", 2),
+    ]  # fmt: skip
+
+
 def test_a_failed_run_keeps_its_row_and_its_seed_is_left_out_of_the_pairs():
     runs = three_seeds()
     runs[0].status = "FAILED"  # fp32 of seed 0: bf16 seed 0 has no baseline
