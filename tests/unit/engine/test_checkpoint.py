@@ -28,8 +28,11 @@ COSINE = ["precision=fp32", "optimizer.schedule=cosine", "optimizer.warmup_steps
 # Not preloaded: batches come from a DataLoader with worker processes, resumed mid-epoch.
 LOADER = ["precision=bf16", "dataset.preload=false", "trainer.num_workers=2"]
 # fp32 master weights: the copies carry what their bf16 weights round away, so a resume that
-# took its copies from the weights would diverge
-MASTERS = ["precision=bf16_pure", "precision.master_weights=true", "trainer.grad_clip=1.0"]
+# took its copies from the weights would diverge; the schedule reaches the copies' optimizer
+MASTERS = [
+    "precision=bf16_pure", "precision.master_weights=true", "trainer.grad_clip=1.0",
+    "optimizer.schedule=cosine", "optimizer.warmup_steps=5",
+]  # fmt: skip
 
 
 def small(tmp_path: Path, *extra: str) -> list[str]:
