@@ -66,6 +66,7 @@ import sys
 from pathlib import Path
 
 from ampsweep.measure import capacity as cap
+from ampsweep.report.memory import BATCH
 from ampsweep.tracking import store
 
 work, dry, out = Path(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
@@ -190,6 +191,47 @@ for mode in ("fp32", "fp16", "bf16"):
             "gpu_check",
             "no capacity run of this mode" + (" in the dry run" if dry else ""),
         )
+
+# A training step's peak on gpu_check's ResNet-18: what bf16 saved of fp32's (at batch 256 the
+# activations, which autocast halves, are most of fp32's peak: the target leaves room for what
+# stays fp32), then each mode's peak at the larger batch predicted from the smaller batch's run
+# (Breakdown.at, as the sweep's report checks it) against that batch's.
+checked = [run_of(report("gpu_check", "fp32"), mode) for mode in ("fp32", "bf16")]
+peaks = [(r.get("memory") or {}).get("step_peak_mib") if r else None for r in checked]
+saved = None if None in peaks else 1 - peaks[1] / peaks[0]
+add(
+    "ResNet-18 bf16 step peak saved vs fp32",
+    None if saved is None else f"{100 * saved:.0f}% ({peaks[1]:,.0f} vs {peaks[0]:,.0f} MiB)",
+    ">= 35%",
+    None if saved is None else saved >= 0.35,
+    "gpu_check",
+    "no step peak of fp32 and bf16",
+)
+exp = client.get_experiment_by_name("gpu_check_memory")
+ids, finished = [] if exp is None else [exp.experiment_id], "attributes.status = 'FINISHED'"
+found = client.search_runs(ids, finished, order_by=["start_time ASC"]) if ids else []
+by_batch = {}  # mode -> {batch: its breakdown}, of the latest finished run at each batch
+for run in found:
+    mode, batch = run.data.tags.get(store.PRECISION), run.data.params.get(BATCH, "")
+    bd = batch.isdigit() and cap.breakdown(run.data.metrics, mode, int(batch))
+    if bd and cap.STEP_PEAK in run.data.metrics:
+        by_batch.setdefault(mode, {})[bd.batch] = bd
+for mode in ("fp32", "bf16"):
+    sizes = [bd for _, bd in sorted(by_batch.get(mode, {}).items())]
+    small, large = (sizes[0], sizes[-1]) if len(sizes) > 1 else (None, None)
+    predicted = None if small is None else small.at(large.batch).total
+    err = None if small is None else cap.error_pct(predicted, large.total)
+    add(
+        f"ResNet-18 {mode} step peak at a larger batch: predicted vs measured",
+        None
+        if err is None
+        else f"batch {large.batch} from {small.batch}: {predicted:,.1f} vs {large.total:,.1f} MiB"
+        f" ({err:+.1f}%)",
+        "within 10%",
+        None if err is None else abs(err) <= 10.0,
+        "gpu_check",
+        "no runs of this mode at two batch sizes",
+    )
 
 # The doctor proves its prescriptions (exit 0); the CUDA tests pass.
 status = steps.get("doctor", ("not run",))[0]

@@ -12,6 +12,8 @@ import tarfile
 import pytest
 from conftest import REPO, all_runs, cli_env
 
+from ampsweep.tracking import store
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(920)]
 
 HEADLINES = [
@@ -25,6 +27,9 @@ HEADLINES = [
     "ResNet-18 fp32 largest batch: predicted vs measured",
     "ResNet-18 fp16 largest batch: predicted vs measured",
     "ResNet-18 bf16 largest batch: predicted vs measured",
+    "ResNet-18 bf16 step peak saved vs fp32",
+    "ResNet-18 fp32 step peak at a larger batch: predicted vs measured",
+    "ResNet-18 bf16 step peak at a larger batch: predicted vs measured",
     "Precision doctor, overflow_net: every prescription proved",
     "pytest -m gpu",
 ]
@@ -69,7 +74,8 @@ def test_the_figures_are_read_from_the_recorded_runs(dry_run, tmp_path):
     rows = table_rows(stdout)
     with tarfile.open(out / "gpu_day.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
-    runs = all_runs(f"sqlite:///{tmp_path / 'work' / 'outputs' / 'mlflow.db'}")
+    uri = f"sqlite:///{tmp_path / 'work' / 'outputs' / 'mlflow.db'}"
+    runs = all_runs(uri)
 
     def recorded(model, mode):
         (run,) = [r for r in runs if r.data.tags.get("model") == model
@@ -99,6 +105,33 @@ def test_the_figures_are_read_from_the_recorded_runs(dry_run, tmp_path):
     assert rows["ResNet-18 fp32 largest batch: predicted vs measured"][0] == (
         f"{predicted:,.0f} predicted (the search needs CUDA)"
     )
+    # A step's peak: bf16's against fp32's in gpu_check's sweep; at the larger batch of the
+    # memory sweep, predicted from the smaller, with the error its report gave (in the log).
+    experiments = {e.name: e.experiment_id for e in store.client_for(uri).search_experiments()}
+
+    def peak(experiment, mode, batch=None):
+        (run,) = [r for r in runs if r.info.experiment_id == experiments[experiment]
+                  and r.data.tags.get("precision") == mode
+                  and batch in (None, r.data.params.get("trainer.batch_size"))]  # fmt: skip
+        return run.data.metrics["mem/step_peak_mib"]
+
+    fp32_peak, bf16_peak = peak("gpu_check", "fp32"), peak("gpu_check", "bf16")
+    saved = 1 - bf16_peak / fp32_peak
+    assert rows["ResNet-18 bf16 step peak saved vs fp32"] == [
+        f"{100 * saved:.0f}% ({bf16_peak:,.0f} vs {fp32_peak:,.0f} MiB)",
+        ">= 35%",
+        "met" if saved >= 0.35 else "MISSED",
+    ]
+    for mode in ("fp32", "bf16"):
+        (said,) = re.findall(rf"{mode}'s step peak predicted from its batch-4 run: batch 8: "
+                             r"predicted [^(]*\(([+-][\d.]+)%\)", stdout)  # fmt: skip
+        measured, target, verdict = rows[
+            f"ResNet-18 {mode} step peak at a larger batch: predicted vs measured"
+        ]
+        large = peak("gpu_check_memory", mode, "8")
+        assert measured.startswith("batch 8 from 4: ") and f" vs {large:,.1f} MiB" in measured
+        assert measured.endswith(f"({said}%)") and target == "within 10%"
+        assert verdict == ("met" if abs(float(said)) <= 10 else "MISSED")
     assert rows["Precision doctor, overflow_net: every prescription proved"][1:] == ["yes", "met"]
     assert re.fullmatch(r"\d+ skipped, \d+ deselected in [\d.]+s",
                         rows["pytest -m gpu"][0])  # fmt: skip
