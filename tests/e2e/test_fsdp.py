@@ -234,11 +234,11 @@ def _end_weights(folder) -> dict:
 def test_a_killed_fsdp_run_resumes_to_the_same_weights_on_two_ranks_and_on_one(
     tmp_path, store_uri, main
 ):
-    """Through the CLI: an FSDP run writes sharded checkpoints and logs the whole model; a run
-    killed after step 6 (rank 1 SIGKILLed) resumes from its step-4 checkpoint to the very
-    weights of the uninterrupted run; the uninterrupted run's step-8 checkpoint resumes in
-    one process with the same global batch (1 x 32 = 2 x 16); a DDP resume is refused;
-    ``reproduce`` of the FSDP run reaches its numbers on two ranks again."""
+    """Through the CLI: an FSDP run writes sharded checkpoints and logs the whole model;
+    ``reproduce`` of it, killed after step 6 (rank 1 SIGKILLed), resumes on two ranks from its
+    step-4 checkpoint to the very weights of the first run, in a run tagged as its reproduction
+    that reaches its numbers; the first run's step-8 checkpoint resumes in one process with the
+    same global batch (1 x 32 = 2 x 16); a DDP resume is refused."""
     base = [*EXACT, "optimizer=adamw", "trainer.batch_size=16", "trainer.strategy=fsdp",
             "trainer.checkpoint_every=4", "trainer.keep_checkpoints=10",
             f"tracking.uri={store_uri}"]  # fmt: skip
@@ -258,29 +258,27 @@ def test_a_killed_fsdp_run_resumes_to_the_same_weights_on_two_ranks_and_on_one(
     assert logged.keys() == whole.keys()
     for key, value in whole.items():
         assert torch.equal(logged[key], value), key  # the gathered model is the trained one
-    # reproduce runs the recorded FSDP config again, on two ranks, to the same numbers, in a
-    # run tagged as its reproduction (the tag travels to rank 0, which records it)
-    again = run_cli(["reproduce", run.info.run_id, f"tracking.uri={store_uri}",
-                     "tracking.log_model=false", f"trainer.checkpoint_dir={tmp_path / 'r'}"],
-                    tmp_path, env=env)  # fmt: skip
-    assert again.returncode == 0, again.stderr[-3000:]
-    (copy,) = [r for r in all_runs(store_uri) if r.data.tags.get("reproduces") == run.info.run_id]
-    assert copy.info.status == store.FINISHED and copy.data.params["world_size"] == "2"
-    assert copy.data.params["trainer.strategy"] == "fsdp"
-    assert copy.data.metrics["val/loss"] == pytest.approx(metrics["val/loss"], rel=1e-6)
-
+    # reproduce runs the recorded FSDP config again on two ranks, in a run tagged as its
+    # reproduction (the tag travels to rank 0, which records it); killed after step 6 (rank 1
+    # SIGKILLed), it resumes from its step-4 checkpoint to the very weights of the first run
     base.append("tracking.log_model=false")  # logged and checked once is enough
-    killed_at = [signal_at_step(6, "SIGKILL", rank=1), f"trainer.checkpoint_dir={tmp_path / 'b'}"]
-    killed = run_cli(["train", *base, "trainer.nproc=2", *killed_at], tmp_path, env=env)
+    b = f"trainer.checkpoint_dir={tmp_path / 'b'}"
+    killed = run_cli(["reproduce", run.info.run_id, f"tracking.uri={store_uri}",
+                      "tracking.log_model=false", b, signal_at_step(6, "SIGKILL", rank=1)],
+                     tmp_path, env=env)  # fmt: skip
     assert killed.returncode != 0
     (step4,) = (tmp_path / "b").glob("*/*/step-00000004.pt")
     assert (step4.parent / "step-00000004.dcp" / ".metadata").is_file()
-    resumed = run_cli(["train", *base, "trainer.nproc=2", f"trainer.resume={step4}",
-                       f"trainer.checkpoint_dir={tmp_path / 'b'}"], tmp_path, env=env)  # fmt: skip
+    resumed = run_cli(["train", *base, "trainer.nproc=2", f"trainer.resume={step4}", b],
+                      tmp_path, env=env)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = _end_weights(tmp_path / "b")
     for key, value in whole.items():
         assert torch.equal(again[key], value), key  # bit for bit
+    (copy,) = [r for r in all_runs(store_uri) if r.data.tags.get("reproduces") == run.info.run_id]
+    assert copy.info.status == store.FINISHED and copy.data.params["world_size"] == "2"
+    assert copy.data.params["trainer.strategy"] == "fsdp"
+    assert copy.data.metrics["val/loss"] == pytest.approx(metrics["val/loss"], rel=1e-6)
 
     (step8,) = (tmp_path / "a").glob("*/*/step-00000008.pt")
     store.client_for(store_uri).set_terminated(run.info.run_id, store.KILLED)
