@@ -280,6 +280,7 @@ class Live:
         self._saved: dict[tuple[str, int], list] = {}  # storage -> [part, bytes, holders]
         self._flying: dict[tuple[str, int], list] = {}  # storage -> [bytes, inputs fed]
         self._feeds: dict[tuple[int, int], tuple[str, int]] = {}  # (node, input) -> storage
+        self._nodes = 0  # the nodes hooked so far, over every micro-batch's graph
 
     def snapshot(self) -> Snapshot:
         return tuple(self.bytes[part] for part in LIVE)
@@ -312,7 +313,7 @@ class Live:
             node = todo.pop()
             if id(node) in nodes:
                 continue
-            nodes[id(node)] = (len(nodes), node)
+            nodes[id(node)] = (self._nodes + len(nodes), node)
             todo += [f for f, _ in node.next_functions if f is not None and not _leaf(f)]
         for index, walked in nodes.values():
             feeds = [
@@ -321,6 +322,7 @@ class Live:
             ]
             walked.register_prehook(partial(self._node_begins, index))
             walked.register_hook(partial(self._node_ends, index, feeds))
+        self._nodes += len(nodes)
 
     def _feed(self, to: tuple[int, int], g: torch.Tensor) -> None:
         if to in self._feeds:  # added into the gradient the input has already
