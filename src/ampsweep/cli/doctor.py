@@ -82,7 +82,8 @@ def add_parser(sub) -> None:
         "--memory",
         action="store_true",
         help="what each mode saves of a training step's peak, why, and what shrinks it "
-        "(--modes default: bf16; with --verify, each prescription run and its peak judged)",
+        "(--modes default: bf16; with --verify, the prescriptions run as a sweep, each judged "
+        "by its run's step peak)",
     )
     p.add_argument(
         "--config-dir",

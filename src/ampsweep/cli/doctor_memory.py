@@ -81,16 +81,19 @@ def option_of(fix: memory.Fix) -> str:
 
 
 def sharded(fix: memory.Fix, bd: capacity.Breakdown) -> memory.Fix:
-    """FSDP's prescription with the peak a rank is predicted to hold, which is its limit: the
-    mode's own less what ``trainer.nproc`` ranks shard of its weights, gradients and optimizer
-    state (the report names no prediction for it). Another prescription as it is."""
+    """FSDP's prescription with the peak a rank is predicted to hold (the report names none):
+    the mode's own less what ``trainer.nproc`` ranks shard of its weights, gradients and
+    optimizer state. Its limit is the mode's own peak less half that saving: in backward a
+    rank also holds a layer's gathered parameters and unsharded gradients (for the
+    reduce-scatter), which the prediction leaves out. Another prescription as it is."""
     ranks = int(choice_of(list(fix.overrides), NPROC) or 1)
     if fix.predicted_mib is not None or ranks < 2:
         return fix
-    held = sum(bd.parts.get(p, 0.0) for p in memory.WEIGHTS)
-    per_rank = bd.total - held * (1 - 1 / ranks)
-    limit_of = f"{bd.mode} less {ranks - 1}/{ranks} of its weights, gradients and state, per rank"
-    return replace(fix, predicted_mib=per_rank, limit_mib=per_rank, limit_of=limit_of)
+    saving = sum(bd.parts.get(p, 0.0) for p in memory.WEIGHTS) * (1 - 1 / ranks)
+    limit_of = f"{bd.mode} less half the predicted saving, per rank"
+    return replace(
+        fix, predicted_mib=bd.total - saving, limit_mib=bd.total - saving / 2, limit_of=limit_of
+    )
 
 
 class MemoryDoctor:

@@ -82,15 +82,16 @@ def test_without_verify_the_prescriptions_are_written_with_fsdps_predicted_peak(
     assert two.hydra.sweeper.params["+doctor_memory"] == "bf16_fsdp_nproc_2"
 
 
-def test_fsdps_limit_is_the_modes_peak_less_the_shards_of_its_weights():
+def test_fsdps_limit_is_the_modes_peak_less_half_the_predicted_saving():
     parts = {"params": 16.0, "grads": 16.0, "optimizer": 32.0, "activations": 4.0, "other": 32.0}
     bd = Breakdown("bf16", 2, parts)
     fix = Fix(("precision=bf16", "trainer.strategy=fsdp", "trainer.nproc=2"), None, "shards")
     judged = sharded(fix, bd)
-    assert judged.predicted_mib == judged.limit_mib == 100.0 - 32.0
-    assert judged.verdict(70.0)[0] and not judged.verdict(80.0)[0]  # 10% above it at most
+    assert judged.predicted_mib == 100.0 - 32.0  # half the weights, gradients and state
+    assert judged.limit_mib == 100.0 - 16.0
+    assert judged.verdict(80.0)[0] and not judged.verdict(100.0)[0]  # unsharded: not fixed
     four = sharded(Fix(fix.overrides[:2] + ("trainer.nproc=4",), None, "shards"), bd)
-    assert four.limit_mib == 100.0 - 48.0
+    assert four.predicted_mib == 100.0 - 48.0
     pure = Fix(("precision=bf16_pure",), 50.0, "pure", 100.0, "bf16")
     assert sharded(pure, bd) is pure  # a prediction of its own: left as it is
 
