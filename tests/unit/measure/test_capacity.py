@@ -251,3 +251,25 @@ def test_master_weights_at_a_peak_in_the_optimizers_step_hold_fp32_copies_of_the
     assert masters.parts["optimizer"] == 18.0 and masters.intermediates == 10.0
     assert masters.total == 2.0 + 4.0 + 2.0 + 18.0  # 2 MiB over fp32's: the bf16 weights
     assert masters.at(mode="fp32").total == fp32.total
+
+
+def test_the_gradients_of_activations_grow_with_the_batch_and_take_the_compute_dtype():
+    bd = capacity.Breakdown("fp32", 16, {**FP32_STEP, "activation_grads": 8.0})
+    assert bd.at(64).parts["activation_grads"] == pytest.approx(32.0)
+    assert bd.at(mode="bf16").parts["activation_grads"] == pytest.approx(4.0)
+    assert bd.at(mode="bf16_pure").parts["activation_grads"] == pytest.approx(4.0)
+
+
+def test_the_optimizers_intermediate_results_are_not_held_in_a_larger_batchs_backward():
+    # A peak in AdamW's step: 4 + 4 MiB of weights and gradients, 8 MiB of state and 4 MiB of
+    # its intermediate results; 1 MiB saved for backward at batch 2
+    metrics = {"mem/params_mib": 4.0, "mem/grads_mib": 4.0, "mem/optimizer_mib": 12.0}
+    metrics |= {capacity.AT_OPTIMIZER: 1.0, capacity.INTERMEDIATES: 4.0, capacity.SAVED: 1.0}
+    bd = capacity.breakdown(metrics, "fp32", 2)
+    assert bd is not None and bd.intermediates == 4.0 and bd.held == 16.0 and bd.total == 20.0
+    # backward's peak, 16 MiB held and 0.5 MiB a sample saved, fits 20 MiB up to batch 8
+    assert bd.max_batch(20 * capacity.MIB) == 8
+    at16 = bd.at(16)  # backward's peak now: the state without the intermediate results
+    assert at16.parts["optimizer"] == 8.0 and at16.parts["activations"] == 8.0
+    assert at16.total == 24.0 and at16.intermediates == 0.0
+    assert bd.at(mode="bf16_pure").intermediates == 2.0  # in the dtype of the state
