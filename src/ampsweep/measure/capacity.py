@@ -235,7 +235,8 @@ class Breakdown:
         out["fp8"] = fp8 if dst.fp8 else 0.0
         out["activations"] = p.get("activations", 0.0) * acts
         out["activation_grads"] = p.get("activation_grads", 0.0) * acts
-        # the optimizer's temporaries take its parameters' dtype; backward's, the activations'
+        # what is left beside the optimizer's step takes its state's dtype; backward's, the
+        # activations' (older runs' other: the optimizer's intermediate results)
         out["other"] = p.get("other", 0.0) * (state if self.at_optimizer else acts)
         copies = 0.0
         if self.at_optimizer:  # no cache is live in the optimizer's step; backward holds one
