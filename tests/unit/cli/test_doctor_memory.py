@@ -11,7 +11,7 @@ import pytest
 from conftest import all_runs
 from omegaconf import OmegaConf
 
-from ampsweep.cli.doctor_memory import sharded
+from ampsweep.cli.doctor_memory import Job, option_of, sharded
 from ampsweep.measure.capacity import Breakdown
 from ampsweep.report.memory import Fix
 
@@ -94,6 +94,21 @@ def test_fsdps_limit_is_the_modes_peak_less_half_the_predicted_saving():
     assert four.predicted_mib == 100.0 - 48.0
     pure = Fix(("precision=bf16_pure",), 50.0, "pure", 100.0, "bf16")
     assert sharded(pure, bd) is pure  # a prediction of its own: left as it is
+
+
+def test_each_prescription_is_an_option_named_after_its_overrides():
+    masters = Fix(("precision=bf16_pure", "precision.master_weights=true"), 1.0, "masters")
+    assert option_of(masters) == "bf16_pure_master_weights"
+    job = Job(option_of(masters), list(masters.overrides), masters, "bf16")
+    assert job.body("run") == {
+        "precision": {"name": "bf16_pure", "master_weights": True},
+        "tracking": {"run_name": "run"},
+    }
+    batch = Fix(("precision=bf16", "trainer.batch_size=48"), 1.0, "batch")
+    assert option_of(batch) == "bf16_batch_size_48"
+    fsdp = Fix(("precision=bf16", "trainer.strategy=fsdp", "trainer.nproc=2"), None, "shards")
+    assert option_of(fsdp) == "bf16_fsdp_nproc_2"
+    assert Job(option_of(fsdp), list(fsdp.overrides), fsdp).nproc == 2
 
 
 @pytest.mark.parametrize("given", ["trainer.nproc=2", "trainer.strategy=fsdp"])
