@@ -126,7 +126,8 @@ class MemoryDoctor:
             console.error(f"doctor --memory: fp32's run gave no step memory ({why}): no baseline")
             return 1
         self.say(f"  fp32: step peak {memory.mib(ref.total)} at batch {ref.batch}")
-        jobs, measured_all = [Job("fp32", ["precision=fp32"])], True
+        # by option: a prescription that is a mode examined too (bf16_pure) runs once
+        jobs, measured_all = {"fp32": Job("fp32", ["precision=fp32"])}, True
         for mode in self.examined:
             bd, why = self.measure(self.doc._precision(mode))
             if bd is None:
@@ -134,25 +135,28 @@ class MemoryDoctor:
                 measured_all = False
                 continue
             self.say(f"  {memory.saved(ref, bd, '')}")
-            jobs.append(Job(mode, self.doc._precision(mode)))
+            jobs.setdefault(mode, Job(mode, self.doc._precision(mode)))
             for fix in memory.fixes(ref, bd):
-                fix = sharded(fix, bd)
-                per = " per rank" if "per rank" in fix.limit_of else ""
-                shown = (
-                    f" (predicted {memory.mib(fix.predicted_mib)}{per})"
-                    if fix.predicted_mib
-                    else ""
-                )
-                self.say(f"    prescription for {mode}: {' '.join(fix.overrides)}{shown}")
-                name = choice_of(list(fix.overrides), "precision")
-                rest = [o for o in fix.overrides if not o.startswith("precision=")]
-                over = [*self.doc._precision(name), *rest]
-                jobs.append(Job(option_of(fix), over, fix, mode))
+                job = self.prescribed(mode, sharded(fix, bd))
+                jobs[job.option] = job
         code = 0 if measured_all or not verify else 1
-        if not any(j.fix for j in jobs):
+        if not any(j.fix for j in jobs.values()):
             return code
-        sweeps = self.write(jobs)
-        return (self.verify(jobs, sweeps) or code) if verify else 0
+        sweeps = self.write(list(jobs.values()))
+        return (self.verify(list(jobs.values()), sweeps) or code) if verify else 0
+
+    def prescribed(self, mode: str, fix: memory.Fix) -> Job:
+        """Say ``fix`` for ``mode``, with its prediction; its job (the user's precision
+        settings kept)."""
+        name = choice_of(list(fix.overrides), "precision")
+        rest = [o for o in fix.overrides if not o.startswith("precision=")]
+        job = Job(option_of(fix), [*self.doc._precision(name), *rest], fix, mode)
+        shown = ""
+        if fix.predicted_mib:
+            per = " per rank" if job.nproc > 1 else ""
+            shown = f" (predicted {memory.mib(fix.predicted_mib)}{per})"
+        self.say(f"    prescription for {mode}: {' '.join(fix.overrides)}{shown}")
+        return job
 
     def runnable(self, job: Job) -> str:
         """Why this machine cannot run ``job`` in the verifying sweep ("": it can)."""

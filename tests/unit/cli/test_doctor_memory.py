@@ -82,6 +82,18 @@ def test_without_verify_the_prescriptions_are_written_with_fsdps_predicted_peak(
     assert two.hydra.sweeper.params["+doctor_memory"] == "bf16_fsdp_nproc_2"
 
 
+def test_a_prescription_that_is_a_mode_examined_too_runs_once(main, quick):
+    args = [*quick, "model=mlp", "model.width=64", "trainer.batch_size=2", "trainer.max_steps=2"]
+    out = main("doctor", "--memory", "--modes", "bf16,bf16_pure", *args)
+    assert out.code == 0, out.err
+    written = OmegaConf.load(f"{FOLDER}/experiment/doctor_memory.yaml")
+    options = written.hydra.sweeper.params["+doctor_memory"].split(",")
+    assert options[:3] == ["fp32", "bf16", "bf16_pure"]  # bf16's prescription, and a mode
+    assert len(options) == len(set(options))
+    two = OmegaConf.load(f"{FOLDER}/experiment/doctor_memory_nproc_2.yaml")
+    assert two.hydra.sweeper.params["+doctor_memory"] == "bf16_fsdp_nproc_2,bf16_pure_fsdp_nproc_2"
+
+
 def test_fsdps_limit_is_the_modes_peak_less_half_the_predicted_saving():
     parts = {"params": 16.0, "grads": 16.0, "optimizer": 32.0, "activations": 4.0, "other": 32.0}
     bd = Breakdown("bf16", 2, parts)
