@@ -167,9 +167,10 @@ class MemoryDoctor:
                 f"its {NPROC}={job.nproc} processes need {LOCAL}: pip install 'ampsweep[cluster]'"
             )
         if self.device == "cuda":
-            return (
-                f"on CUDA it needs {job.nproc} GPUs: launch the experiment on a machine with them"
-            )
+            import torch
+
+            if torch.cuda.device_count() < job.nproc:
+                return f"it needs {job.nproc} GPUs, this machine has {torch.cuda.device_count()}"
         return ""
 
     def write(self, jobs: list[Job]) -> list[tuple[str, list[str]]]:
@@ -201,6 +202,8 @@ class MemoryDoctor:
             what = "fp32, the modes examined and their memory prescriptions"
             if nproc > 1:
                 name, rest = f"{EXPERIMENT}_{NPROC.split('.')[-1]}_{nproc}", [*user, LOCAL]
+                if self.device == "cuda":  # a GPU a rank (the launcher's default is none)
+                    rest.append(f"hydra.launcher.gpus_per_node={nproc}")
                 given.append(f"{NPROC}={nproc}")
                 what = f"the memory prescriptions that run {NPROC}={nproc} processes"
             settings = OmegaConf.to_container(OmegaConf.from_dotlist(given))
