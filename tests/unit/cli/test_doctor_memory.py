@@ -11,7 +11,8 @@ import pytest
 from conftest import all_runs
 from omegaconf import OmegaConf
 
-from ampsweep.cli.doctor_memory import Job, option_of, sharded
+from ampsweep.cli import doctor_memory
+from ampsweep.cli.doctor_memory import Job, MemoryDoctor, option_of, sharded
 from ampsweep.measure.capacity import Breakdown
 from ampsweep.report.memory import Fix
 
@@ -121,6 +122,22 @@ def test_each_prescription_is_an_option_named_after_its_overrides():
     fsdp = Fix(("precision=bf16", "trainer.strategy=fsdp", "trainer.nproc=2"), None, "shards")
     assert option_of(fsdp) == "bf16_fsdp_nproc_2"
     assert Job(option_of(fsdp), list(fsdp.overrides), fsdp).nproc == 2
+
+
+def test_fsdps_job_is_left_out_where_no_launcher_can_start_its_ranks(monkeypatch):
+    doctor = MemoryDoctor(None, ["bf16"], "cpu", print)
+    fsdp = Job("bf16_fsdp_nproc_2", ["precision=bf16", "trainer.nproc=2"])
+    assert doctor.runnable(fsdp) == "" and doctor.runnable(Job("bf16", ["precision=bf16"])) == ""
+    real = doctor_memory.importlib.util.find_spec
+    monkeypatch.setattr(
+        doctor_memory.importlib.util,
+        "find_spec",
+        lambda name: None if name == doctor_memory.SUBMITIT else real(name),
+    )
+    assert doctor.runnable(fsdp) == (
+        "its trainer.nproc=2 processes need hydra/launcher=ampsweep_local: "
+        "pip install 'ampsweep[cluster]'"
+    )
 
 
 @pytest.mark.parametrize("given", ["trainer.nproc=2", "trainer.strategy=fsdp"])
