@@ -157,6 +157,7 @@ class StepPeak:
         if not self._measuring:
             return
         self._measuring = False
+        self._now.close()
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -281,6 +282,11 @@ class Live:
         self._flying: dict[tuple[str, int], list] = {}  # storage -> [bytes, inputs fed]
         self._feeds: dict[tuple[int, int], tuple[str, int]] = {}  # (node, input) -> storage
         self._nodes = 0  # the nodes hooked so far, over every micro-batch's graph
+
+    def close(self) -> None:
+        """Mark nothing more: a saved tensor autograd lets go of later (a node that never ran,
+        its graph collected in another run's measured step) is no part of another step."""
+        self._mark = None
 
     def snapshot(self) -> Snapshot:
         return tuple(self.bytes[part] for part in LIVE)

@@ -97,6 +97,20 @@ def test_a_conv_net_at_a_large_batch_peaks_in_its_activations():
     assert p["activation_grads"] > 0.0
 
 
+def test_a_step_of_two_micro_batches_holds_at_most_one_micro_batchs_saved_tensors():
+    # Each micro-batch's backward frees what its forward saved before the next one runs
+    p = run_parts(
+        "model.width=8",
+        "trainer.batch_size=16",
+        "trainer.grad_accum_steps=2",
+        "trainer.max_steps=2",
+    )
+    assert p["mem/step_peak_at_optimizer"] == 0.0
+    saved = p["activations"] + p["autocast_cache"]
+    assert 0 < saved <= p["mem/activation_mib"] and p["activation_grads"] > 0
+    assert p["other"] >= -0.01 * p["peak"], p
+
+
 def test_what_backward_frees_and_the_gradients_in_flight_are_marked_as_they_change():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     marks: list[tuple[dict, dict]] = []
