@@ -12,7 +12,8 @@ precision mode fails on a model, say where and why, write the fix as config, and
 3. **Prescriptions**, one per mode that failed or lost quality: ``precision.keep_fp32`` for a
    module that overflows or whose half-precision kernel fails (tried again, adding modules
    until the trial is finite, at most ``ROUNDS`` times), a loss scale for fp16 that flushes
-   gradients, the autocast mode for a pure one, standardised targets for a regression whose
+   gradients, fp32 master weights for a pure one that lost its score or its updates (the
+   autocast mode for one that went non-finite), standardised targets for a regression whose
    head overflowed with large targets (the sweep then trains fp32 on them too). Each is
    written as a precision option (``precision/doctor_<mode>.yaml``) and all of them as one
    experiment (``experiment/doctor.yaml``) under the user's ``--config-dir`` (else
@@ -31,7 +32,6 @@ methods that use it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import math
 from pathlib import Path
@@ -46,6 +46,8 @@ from ampsweep.cli.prescription import (
     Trial,
     fp32_advice,
     launch,
+    peak_cost,
+    pure_fix,
     standardising,
     targets_advice,
     typed,
@@ -53,12 +55,12 @@ from ampsweep.cli.prescription import (
     write_experiment,
 )
 from ampsweep.config.schema import ConfigError
+from ampsweep.measure.capacity import STEP_PEAK
 from ampsweep.precision import modes
 from ampsweep.tracking import store
 
 ROUNDS = 3  # keep_fp32 refinements: each adds the module the last trial named
 PROBE_BATCHES = 2
-LOST_UPDATES = 0.5  # a layer losing more than half its updates in a pure mode needs fixing
 EXPERIMENT = "doctor"
 
 
@@ -283,24 +285,17 @@ class Doctor:
         t.steps = int(summary.get("train/steps", 0))
         t.skipped = float(summary.get("amp/skipped_steps", 0.0))
         t.samples_per_s = summary.get("perf/samples_per_s")
+        t.peak_mib = summary.get(STEP_PEAK)
         return t
 
     def prescribe(self, mode: str, t: Trial, base: Trial, found) -> Prescription | None:
         """The fix for a mode whose trial failed or lost accuracy (None: it held, or no
         config change can be named)."""
         m = modes.MODES[mode]
-        lost = found.update_lost.get(m.dtype, {})
-        worst = sorted(((k, v) for k, v in lost.items() if k != "(all)"), key=lambda x: -x[1])
-        if m.pure and (not t.held(base) or (worst and worst[0][1] > LOST_UPDATES)):
-            layers = ", ".join(f"{k} {v:.0%}" for k, v in worst[:3] if v > 0)
-            note = "autocast keeps fp32 master weights, which hold every update"
-            if m.dtype == "bf16" and importlib.util.find_spec("torchao") is not None:
-                note += "; or keep bf16 weights with torchao's AdamW(bf16_stochastic_round=True)"
-            problem = (
-                f"{t.result(base)}; {m.dtype} weights round away the updates of "
-                f"{layers or 'its layers'} (smaller than half a unit in the weight's last place)"
-            )
-            return self._tried(Prescription(mode, problem, {"name": m.dtype}, note), base)
+        if m.pure and (pure := pure_fix(mode, t, base, found.update_lost.get(m.dtype, {}))):
+            pure = self._tried(pure, base)
+            pure.note = "; ".join(x for x in (peak_cost(pure, t), pure.note) if x)
+            return pure
         gate = Fp8Gatekeeper(self._load, self._precision, self.trial, say)
         if m.fp8 and (fp8_fix := gate.prescribe(mode, t, base)):
             return fp8_fix  # the layers fp8 cannot carry, whether or not the trial held

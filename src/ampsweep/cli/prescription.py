@@ -9,6 +9,7 @@ trial is compared with an fp32 trial on the same data."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ampsweep.config.score import ACCURACY, Score, of_metrics
 from ampsweep.measure.names import NONFINITE_STEPS
+from ampsweep.precision import modes
+from ampsweep.report.probe import autocast_mode
 from ampsweep.tracking import store
 
 if TYPE_CHECKING:  # named only: the doctor's trials import torch where they run
@@ -46,6 +49,7 @@ class Trial:
     steps: int = 0
     skipped: float = 0.0
     samples_per_s: float | None = None
+    peak_mib: float | None = None  # its measured step's peak (mem/step_peak_mib)
     origin: Origin | None = None  # where its first non-finite value began
 
     @property
@@ -99,6 +103,8 @@ class Prescription:
     @property
     def overrides(self) -> list[str]:
         out = [*self.data, f"precision={self.precision['name']}"]
+        if self.precision.get("master_weights"):
+            out.append("precision.master_weights=true")
         if self.precision.get("keep_fp32"):
             out.append(f"precision.keep_fp32=[{','.join(self.precision['keep_fp32'])}]")
         if self.precision.get("fp8", {}).get("keep_bf16"):
@@ -160,6 +166,52 @@ def fp32_advice(origin: Origin | None) -> str:
         kind = {"divergence": "a divergence", "computation": "a broken computation"}
         return f"{kind.get(origin.cause, 'where it began')}: {origin.fix()}"
     return "lower optimizer.lr, trainer.grad_clip=1.0, ..."
+
+
+# ---------------------------------------------------------------- a pure mode
+
+LOST_UPDATES = 0.5  # a layer losing more than half its updates in a pure mode needs fixing
+
+
+def pure_fix(mode: str, t: Trial, base: Trial, lost: dict[str, float]) -> Prescription | None:
+    """The fix for a pure mode (``lost``: the probe's share of each parameter's updates its
+    weights' format rounds away, ``(all)`` the model's): where its trial stayed finite but
+    lost the task's score, or a layer loses most of its updates, fp32 master weights
+    (``precision.master_weights``), which keep every update; where it went non-finite, the
+    autocast mode of its dtype, since master weights leave the format's range as it is (an
+    fp16 overflow stays one). None where it held and no layer loses its updates."""
+    m = modes.MODES[mode]
+    autocast = autocast_mode(m.dtype)
+    if not t.finite:
+        where = f"; {t.origin.sentence()}" if t.origin is not None else ""
+        note = f"autocast computes in {m.dtype} where it is safe and keeps fp32 weights"
+        return Prescription(mode, f"{t.result(base)}{where}", {"name": autocast}, note)
+    worst = sorted(((k, v) for k, v in lost.items() if k != "(all)"), key=lambda x: -x[1])
+    if t.held(base) and not (worst and worst[0][1] > LOST_UPDATES):
+        return None
+    layers = ", ".join(f"{k} {v:.0%}" for k, v in worst[:3] if v > 0)
+    if layers:
+        why = f"{m.dtype} weights round away the updates of {layers}"
+    else:  # finite, its score short of fp32's: what a pure mode adds to autocast's numerics
+        share = f" ({lost['(all)']:.1%} of one probed step's)" if "(all)" in lost else ""
+        why = f"finite, so not the range: {m.dtype} weights round away small updates{share}"
+    problem = f"{t.result(base)}; {why} (smaller than half a unit in the weight's last place)"
+    note = (
+        f"fp32 copies of the weights and the optimizer's state in fp32 keep every update, as "
+        f"much weight memory as fp32; or precision={autocast} (autocast, fp32 weights)"
+    )
+    if m.dtype == "bf16" and importlib.util.find_spec("torchao") is not None:
+        note += "; or keep bf16 weights with torchao's AdamW(bf16_stochastic_round=True)"
+    return Prescription(mode, problem, {"name": mode, "master_weights": True}, note)
+
+
+def peak_cost(rx: Prescription, failing: Trial) -> str:
+    """What the prescription's trial held at its step's peak against the failing mode's
+    (``step peak 1.2 MiB, bf16_pure's 0.9 MiB``); "" where either measured none."""
+    mine = rx.trial.peak_mib if rx.trial is not None else None
+    if mine is None or failing.peak_mib is None:
+        return ""
+    return f"step peak {mine:.3g} MiB, {failing.mode}'s {failing.peak_mib:.3g} MiB"
 
 
 # ---------------------------------------------------------------- a regression's targets

@@ -42,7 +42,7 @@ CASES = {
     "lost updates": (
         ["model=heavy_net"], "bf16_pure",
         "bf16 weights round away the updates of",
-        "precision=bf16",
+        "precision=bf16_pure precision.master_weights=true",
     ),
 }  # fmt: skip
 
@@ -63,6 +63,7 @@ def test_the_doctor_names_prescribes_and_proves(case, project, main, store_uri):
     assert written.hydra.sweeper.params.precision == f"fp32,{mode},doctor_{mode}"
     option = OmegaConf.load(project / "conf" / "precision" / f"doctor_{mode}.yaml")
     assert option.precision.name == fix.split()[0].split("=")[1]
+    assert option.precision.get("master_weights", False) == ("master_weights=true" in fix)
     runs = all_runs(store_uri)
     parents = [r for r in runs if r.data.tags.get("ampsweep.sweep") == "true"]
     assert len(parents) == 1 and len(runs) == 4  # the sweep: a parent with three children
