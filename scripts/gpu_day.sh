@@ -13,7 +13,8 @@
 # still brings back the runs it finished.
 #   scripts/gpu_day.sh                      # on the GPU machine (an H200: under 9 minutes)
 #   AMPSWEEP_DRYRUN=1 scripts/gpu_day.sh    # every step on this CPU, tiny, with the checkout's
-#                                           # .venv instead of a new venv (about 2 minutes)
+#                                           # .venv instead of a new venv (2-3 minutes on 2
+#                                           # idle cores)
 set -uo pipefail  # no -e: a step that fails is recorded, and the next one runs
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 self="$repo/scripts/gpu_day.sh"
