@@ -209,6 +209,7 @@ class Row:
     fp16_overflow: str = ""  # modules whose fp16 forward output overflows, with the fp32 value
     update_lost_layers: str = ""  # bf16's share of updates lost, per parameter, largest first
     update_lost_frac: float | None = None  # a pure mode's own steps: updates rounded away
+    master_weights: bool = False  # a pure mode's optimizer stepped fp32 copies of its weights
     # A configuration's repeats (same config but the seed) summarised in one row: the field
     # values above are means (ratios: geometric means), ``ci`` their 95% intervals, ``n`` the
     # finished runs (1: a single run, whose row this is), ``members`` their run ids.

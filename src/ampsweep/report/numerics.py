@@ -24,6 +24,7 @@ from ampsweep.measure.names import (
     RUN_UPDATE_LOST,
 )
 from ampsweep.precision import modes
+from ampsweep.report import memory, quality
 from ampsweep.report.model import Row, is_number, percent
 from ampsweep.report.probe import (
     UPDATE_TOLERANCE,
@@ -221,20 +222,23 @@ def troubled(r: Row) -> bool:
 
 
 def update_findings(rows: list[Row]) -> list[str]:
-    """Updates a pure-mode run rounded away on its own steps (diagnostics.every > 0)."""
+    """Updates a pure-mode run rounded away on its own steps (diagnostics.every > 0); else a
+    pure mode's score short of the baseline's where the autocast mode of its dtype held (the
+    same math with fp32 weights): each with fp32 master weights as the fix."""
     out = []
     for r in rows:
         mode = _lost_on_own_steps(r)
         if mode is None:
+            if text := _short_of_autocast(r, rows):
+                out.append(text)
             continue
         lost = r.update_lost_frac
         assert lost is not None  # a number: _lost_on_own_steps
         out.append(
             f"{_named(r)}: its {mode.dtype} weights rounded away {percent(lost)} "
             f"of the non-zero updates of a step it measured ({RUN_UPDATE_LOST}: smaller than "
-            "half a unit in the last place of the weight), so those weights did not learn; "
-            f"fix: precision={autocast_mode(mode.dtype)} (autocast with fp32 master weights) keeps "
-            "them."
+            f"half a unit in the last place of the weight), so those weights did not learn; "
+            f"fix: {masters_fix(r, mode)}."
         )
     return out
 
@@ -245,3 +249,50 @@ def _lost_on_own_steps(r: Row) -> modes.PrecisionMode | None:
     if mode is None or not mode.pure or not is_number(lost) or lost <= UPDATE_TOLERANCE:
         return None
     return mode
+
+
+def _short_of_autocast(r: Row, rows: list[Row]) -> str | None:
+    """A pure row without master weights that lost the task's score against its baseline
+    while a row of the autocast mode of its dtype, in the same configuration, held: the
+    weights' rounding is what the pure mode adds, so master weights are its fix."""
+    mode = modes.get(r.precision)
+    if mode is None or not mode.pure or r.master_weights or quality.verdict(r) != "lost":
+        return None
+    autocast = autocast_mode(mode.dtype)
+    held = next(
+        (
+            x
+            for x in rows
+            if x.precision == autocast
+            and x.configuration == r.configuration
+            and quality.verdict(x) == "held"
+        ),
+        None,
+    )
+    if held is None or r.score is None:
+        return None
+    base = next((x.precision for x in rows if r.baseline_run_id in (x.run_id, *x.members)), "")
+    vs = f" vs {base}" if base else ""
+    return (
+        f"{_named(r)}: its {r.score.label} did not hold {r.score.within()} of its baseline's "
+        f"({quality.change_of(r, vs)}) while {autocast}, the same {mode.dtype} math with fp32 "
+        f"weights, held ({quality.change_of(held, vs)}): its {mode.dtype} weights round away "
+        f"updates smaller than half a unit in their last place; fix: {masters_fix(r, mode)}."
+    )
+
+
+def masters_fix(r: Row, mode: modes.PrecisionMode) -> str:
+    """fp32 master weights for the pure row ``r``, with what they add to its step's peak
+    (predicted from the parts it measured, ``measure.capacity``), and the autocast mode."""
+    cost = "as much weight memory as fp32"
+    bd = memory.of_row(r)
+    if bd is not None and not bd.master_weights:
+        more = bd.at(master_weights=True)
+        cost = (
+            f"the step's peak {memory.mib(bd.total)} -> {memory.mib(more.total)}, predicted "
+            "from its parts"
+        )
+    return (
+        f"precision={mode.name} precision.master_weights=true keeps them in fp32 master "
+        f"weights ({cost}), or precision={autocast_mode(mode.dtype)} (autocast, fp32 weights)"
+    )

@@ -176,11 +176,12 @@ def _updates_lost(r: Row) -> str | None:
     most = ""
     if layers and "bf16" in lost:
         most = "; in bf16 most in " + ", ".join(f"{n} ({percent(v)})" for n, v in layers)
-    remedy = " or ".join(f"precision={autocast_mode(dtype)}" for dtype in lost)
+    masters = " or ".join(f"precision={_pure(d)} precision.master_weights=true" for d in lost)
+    autocast = " or ".join(f"precision={autocast_mode(d)}" for d in lost)
     return (
         f"{shares} of one optimizer step's non-zero updates (smaller than half a unit in the "
-        f"last place of their weight){most}; fix: {remedy} (autocast with fp32 master "
-        "weights) keeps them."
+        f"last place of their weight){most}; fix: {masters} (fp32 master weights, as much "
+        f"weight memory as fp32) or {autocast} (autocast, fp32 weights) keeps them."
     )
 
 

@@ -312,6 +312,7 @@ def row_fields(run: RunData) -> dict:
         "fp16_overflow": t.get(FP16_OVERFLOW, ""),
         "update_lost_layers": t.get(UPDATE_LOST_LAYERS, ""),
         "update_lost_frac": m.get(RUN_UPDATE_LOST),
+        "master_weights": run.params.get("precision.master_weights", "").lower() == "true",
     }
 
 

@@ -261,9 +261,65 @@ def test_a_pure_run_that_lost_updates_on_its_own_steps_says_so():
     assert numerics.update_findings(report(runs).summary) == [
         "bf16_pure-cnn-digits: its bf16 weights rounded away 30% of the non-zero updates of a "
         "step it measured (amp/update_lost_frac: smaller than half a unit in the last place of "
-        "the weight), so those weights did not learn; fix: precision=bf16 (autocast with fp32 "
-        "master weights) keeps them."
+        "the weight), so those weights did not learn; fix: precision=bf16_pure "
+        "precision.master_weights=true keeps them in fp32 master weights (as much weight memory "
+        "as fp32), or precision=bf16 (autocast, fp32 weights)."
     ]
+
+
+# A pure run's step, part by part (MiB): bf16 weights, gradients and Adam's state, at batch 64
+PURE_PARTS = {
+    "mem__step_peak_mib": 30.0,
+    "mem__params_mib": 2.0,
+    "mem__grads_mib": 2.0,
+    "mem__optimizer_mib": 4.0,
+    "mem__activations_mib": 20.0,
+    "mem__other_mib": 2.0,
+}
+
+
+def test_master_weights_are_offered_with_the_peak_predicted_from_the_runs_parts():
+    pure = run("bf16_pure", params={"trainer.batch_size": "64"}, amp__update_lost_frac=0.3,
+               **PURE_PARTS)  # fmt: skip
+    (text,) = numerics.update_findings(report([pure]).summary)
+    # fp32 copies (4 B a parameter: 4 MiB) and Adam's state in fp32 (4 -> 8 MiB)
+    assert text.endswith(
+        "fix: precision=bf16_pure precision.master_weights=true keeps them in fp32 master "
+        "weights (the step's peak 30 MiB -> 38 MiB, predicted from its parts), or "
+        "precision=bf16 (autocast, fp32 weights)."
+    )
+
+
+def pure_short_of_fp32(autocast_acc: float, master_weights: str = "False") -> list[RunData]:
+    """fp32, bf16 and bf16_pure of one configuration: bf16_pure 5 points short of fp32."""
+    params = {"precision.master_weights": "False"}
+    return [
+        run("fp32", params=params, val__acc=0.94),
+        run("bf16", params=params, val__acc=autocast_acc),
+        run("bf16_pure", params={"precision.master_weights": master_weights}, val__acc=0.89),
+    ]
+
+
+def test_a_pure_mode_short_of_fp32_where_autocast_held_is_offered_master_weights():
+    (text,) = numerics.update_findings(report(pure_short_of_fp32(0.935)).summary)
+    assert text == (
+        "bf16_pure-cnn-digits: its accuracy did not hold within 1.5 points of its baseline's "
+        "(-5.0 points vs fp32, a single run) while bf16, the same bf16 math with fp32 weights, "
+        "held (-0.5 points vs fp32, a single run): its bf16 weights round away updates smaller "
+        "than half a unit in their last place; fix: precision=bf16_pure "
+        "precision.master_weights=true keeps them in fp32 master weights (as much weight memory "
+        "as fp32), or precision=bf16 (autocast, fp32 weights)."
+    )
+
+
+def test_no_master_weights_where_autocast_lost_too_or_the_pure_run_had_them():
+    assert numerics.update_findings(report(pure_short_of_fp32(0.89)).summary) == []
+    runs = pure_short_of_fp32(0.935, master_weights="True")
+    rows = report(runs).summary
+    assert rows[2].master_weights and numerics.update_findings(rows) == []
+    rows = report(pure_short_of_fp32(0.935)).summary  # the same configuration, said apart
+    rows[2].master_weights = True
+    assert numerics.update_findings(rows) == []
 
 
 # ---------------------------------------------------------------- rows, repeats and files

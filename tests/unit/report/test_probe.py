@@ -54,7 +54,8 @@ def test_the_probe_names_the_updates_a_pure_mode_loses_and_the_remedy():
         "Numerics probe: a pure bf16 model (bf16_pure) would round away 37% of one optimizer "
         "step's non-zero updates (smaller than half a unit in the last place of their weight); "
         "in bf16 most in fc1.weight (100%), fc2.weight (42%), fc3.weight (10%); fix: "
-        "precision=bf16 (autocast with fp32 master weights) keeps them."
+        "precision=bf16_pure precision.master_weights=true (fp32 master weights, as much "
+        "weight memory as fp32) or precision=bf16 (autocast, fp32 weights) keeps them."
     )
     assert "fp16_pure" not in text  # its 1% is within the tolerance
 
