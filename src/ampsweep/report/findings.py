@@ -131,14 +131,14 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
         best, speedup = max(timed, key=lambda m: m[1])
         if best.precision == base or speedup <= 1.0:
             others = [(r, x) for r, x in timed if r is not best]
-            slower = ", ".join(f"{r.precision} {x:.2f}x" for r, x in others)
+            slower = ", ".join(f"{r.mode} {x:.2f}x" for r, x in others)
             out.append(
-                f"Fastest here{where}: {best.precision} at {_rate(best)}; "
+                f"Fastest here{where}: {best.mode} at {_rate(best)}; "
                 f"every other mode is slower (throughput relative to {base}: {slower})."
             )
         else:
             out.append(
-                f"Fastest here{where}: {best.precision}, {speedup:.2f}x the {base} "
+                f"Fastest here{where}: {best.mode}, {speedup:.2f}x the {base} "
                 f"throughput ({_rate(best)})."
             )
     out.extend(memory.findings(group, base, where))  # first among the memory findings
@@ -151,13 +151,13 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
         base_mib = mib / ratio
         if ratio < 1.0:
             out.append(
-                f"Most activation memory saved{where}: {best.precision}, "
+                f"Most activation memory saved{where}: {best.mode}, "
                 f"{mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
                 f"({ratio:.2f}x, {saved:.0f}% less)."
             )
         else:
             out.append(
-                f"No mode saved activation memory{where}: the least is {best.precision} with "
+                f"No mode saved activation memory{where}: the least is {best.mode} with "
                 f"{mib:.2f} MiB per step vs {base_mib:.2f} MiB for {base} "
                 f"({ratio:.2f}x). {WEIGHT_COPIES}"
             )
@@ -165,7 +165,7 @@ def _group_findings(group: list[Row], base: str, where: str) -> list[str]:
     if peak:
         best, _ = min(peak, key=lambda m: m[1])
         out.append(
-            f"Lowest peak GPU memory{where}: {best.precision}, {best.peak_mib:,.0f} MiB "
+            f"Lowest peak GPU memory{where}: {best.mode}, {best.peak_mib:,.0f} MiB "
             f"({best.peak_ratio:.2f}x {base})."
         )
     out.extend(quality.findings(group, base, where))
@@ -205,13 +205,13 @@ def _speed(r: Row, base: str, on: str) -> str:
         why = stats.too_wide(est, stats.PRECISION_WANTED, True, within)
         words = how_much(speedup)
         than = "as fast as" if words == "as fast" else f"{words} than"
-        return f"{r.precision} ran {than} {base}{on} in the mean ({shown}), but {why}"
+        return f"{r.mode} ran {than} {base}{on} in the mean ({shown}), but {why}"
     if verdict in ("lower", "higher"):
         words = how_much(speedup)
         if words == "as fast":
             words = "slightly slower" if verdict == "lower" else "slightly faster"
-        return f"{r.precision} is {words} than {base}{on} ({shown})"
-    return f"{r.precision} {SPEED_WORDS[verdict]} {base}{on} ({shown})"
+        return f"{r.mode} is {words} than {base}{on} ({shown})"
+    return f"{r.mode} {SPEED_WORDS[verdict]} {base}{on} ({shown})"
 
 
 # What the interval of a paired comparison says (``stats.compare``; None: a single run)
@@ -248,7 +248,7 @@ def interval_findings(group: list[Row], base: str, where: str, device: dict) -> 
         head = "Most activation memory saved" if saved else "No mode saved activation memory"
         why = "" if saved else f" {WEIGHT_COPIES}"
         out.append(
-            f"{head}{where}: {best.precision}, {mib:.2f} MiB per step vs "
+            f"{head}{where}: {best.mode}, {mib:.2f} MiB per step vs "
             f"{base_mib:.2f} MiB for {base} ({ratio_of(best, 'activation_ratio')}{less}).{why}"
         )
     peak = measured(others, "peak_ratio")
@@ -257,7 +257,7 @@ def interval_findings(group: list[Row], base: str, where: str, device: dict) -> 
         mib = best.peak_mib
         assert mib is not None  # what its ratio was measured from
         out.append(
-            f"Lowest peak GPU memory{where}: {best.precision}, {mib:,.0f} MiB vs "
+            f"Lowest peak GPU memory{where}: {best.mode}, {mib:,.0f} MiB vs "
             f"{mib / ratio:,.0f} MiB for {base} "
             f"({ratio_of(best, 'peak_ratio')})."
         )
@@ -280,7 +280,7 @@ def _contention_findings(done: list[Row]) -> list[str]:
             load = f": {contention.describe(r.cpu_used, r.cpu_others, r.cpu_cores)}"
         if r.n > 1 and not r.contended:
             parts.append(
-                f"{r.contended_runs} of {r.n} runs of {r.precision}{load} (its speed-up is "
+                f"{r.contended_runs} of {r.n} runs of {r.mode}{load} (its speed-up is "
                 f"from the other {r.n - r.contended_runs})"
             )
         elif is_number(r.cpu_others) and not contention.contended(
@@ -311,11 +311,11 @@ def _target_findings(group: list[Row], base: str, where: str, target: str) -> li
         if base_hit is not None and r is not base_hit[0] and base_hit[1] > 0:
             vs = f", {times(s / base_hit[1])} {base}'s time"
         mean = " in the mean" if r.n > 1 else ""
-        parts.append(f"{r.precision} in {s:.1f} s{mean} (step {r.target_steps:,.0f}{of}{vs})")
+        parts.append(f"{r.mode} in {s:.1f} s{mean} (step {r.target_steps:,.0f}{of}{vs})")
     missed = [r for r in rows if not is_number(r.target_s)]
     for r in missed:
         runs = "in any run" if r.n > 1 else f"in its {r.target_evals} evaluation(s)"
-        parts.append(f"{r.precision} not reached {runs}")
+        parts.append(f"{r.mode} not reached {runs}")
     flag = " (some timings contended)" if any(r.contended for r in rows) else ""
     return [
         f"Time to quality{where}, {target}, wall time from the run's start{flag}: "
@@ -333,20 +333,20 @@ def _capacity_findings(compared: list[Row], base: str, budget: str) -> list[str]
     batch = best.max_batch
     assert batch is not None  # what its ratio was measured from
     base_batch = batch / ratio
-    others = ", ".join(f"{r.precision} {x:.2f}x" for r, x in rows if r is not best)
+    others = ", ".join(f"{r.mode} {x:.2f}x" for r, x in rows if r is not best)
     how = (
         " (predicted from the activation bytes per sample and the memory that does not grow "
         "with the batch: parameters, gradients, optimizer state, autocast's weight copies)"
     )
     if ratio <= 1.0:
         return [
-            f"No mode fits a larger batch than {base} {budget}: the most is {best.precision} "
+            f"No mode fits a larger batch than {base} {budget}: the most is {best.mode} "
             f"with {batch:,.0f} vs {base_batch:,.0f} samples per step "
             f"({ratio_of(best, 'max_batch_ratio')}){how}."
         ]
     rest = f"; {others}" if others else ""
     return [
-        f"{best.precision} fits {ratio:.2f}x the batch of {base} {budget}: "
+        f"{best.mode} fits {ratio:.2f}x the batch of {base} {budget}: "
         f"{batch:,.0f} vs {base_batch:,.0f} samples per step "
         f"({ratio_of(best, 'max_batch_ratio')}{rest}){how}."
     ]
@@ -384,7 +384,7 @@ def _hardware_findings(compared: list[Row], device: dict[str, str], base: str) -
         and is_number(r.speedup)
         and not r.contended
     ]
-    rel = ", ".join(f"{r.precision} {r.speedup:.2f}x" for r in half if not r.emulated)
+    rel = ", ".join(f"{r.mode} {r.speedup:.2f}x" for r in half if not r.emulated)
     rel = f" ({rel})" if rel else ""
     kind = device.get("device")
     if kind == "cpu":

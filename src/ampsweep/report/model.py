@@ -170,6 +170,7 @@ class Row:
     tflops: float | None = None
     mfu: float | None = None  # fraction of the GPU's peak for the mode's math
     varies: str = ""  # the settings beyond precision that differ between the sweep's runs
+    settings: str = ""  # precision settings set away from their defaults (master_weights=true)
     reused: bool = False  # an earlier launch's FINISHED run standing in for this job
     extra: dict[str, float] = field(default_factory=dict)  # OPTIONAL_PREFIXES metrics
     note: str = ""
@@ -242,6 +243,16 @@ class Row:
     def configuration(self) -> str:
         """The configuration a row belongs to, beyond its precision: ``cnn on digits, lr=0.01``."""
         return f"{self.model} on {self.dataset}" + (f", {self.varies}" if self.varies else "")
+
+    @property
+    def config(self) -> str:
+        """The config column: the row's precision settings, then its configuration's."""
+        return " ".join(x for x in (self.settings, self.varies) if x)
+
+    @property
+    def mode(self) -> str:
+        """The mode as findings name it: ``bf16_pure (master_weights=true)`` where set."""
+        return f"{self.precision} ({self.settings})" if self.settings else self.precision
 
     @property
     def shown_status(self) -> str:

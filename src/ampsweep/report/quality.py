@@ -91,13 +91,13 @@ def not_learned(base: Row) -> str:
         chance = 1 / base.num_classes
         if base.val_acc < CHANCE_FACTOR * chance:
             return (
-                f"{base.precision} reached accuracy {base.val_acc:.3f}, near chance for "
+                f"{base.mode} reached accuracy {base.val_acc:.3f}, near chance for "
                 f"{base.num_classes} classes ({chance:.3f}): the baseline has not learned"
             )
     if is_number(base.val_ppl) and is_number(base.unigram_ppl):
         if base.val_ppl >= LEARNT * base.unigram_ppl:
             return (
-                f"{base.precision} reached perplexity {base.val_ppl:.3f}, not far below the "
+                f"{base.mode} reached perplexity {base.val_ppl:.3f}, not far below the "
                 f"unigram baseline's {base.unigram_ppl:.3f}: the baseline has not learned"
             )
     return ""
@@ -128,20 +128,20 @@ def findings(group: list[Row], base: str, where: str) -> list[str]:
     verdicts = {r.run_id: s.verdict(values[r.run_id][1]) for r in rows}
     held = [r for r in rows if verdicts[r.run_id] == "held"]
     if held:
-        listing = ", ".join(f"{r.precision} {s.show(values[r.run_id][0])}" for r in held)
+        listing = ", ".join(f"{r.mode} {s.show(values[r.run_id][0])}" for r in held)
         out.append(
             f"{s.title} held{where} {s.within()} of {base}'s {s.show(base_value)}: {listing}."
         )
     for r in (r for r in rows if verdicts[r.run_id] == "worse"):
         quality, change = values[r.run_id]
         out.append(
-            f"{s.title} {s.worse_word}{where} for {r.precision}: {s.show(quality)} "
+            f"{s.title} {s.worse_word}{where} for {r.mode}: {s.show(quality)} "
             f"({s.show_change(change)} vs {base})."
         )
     for r in (r for r in rows if verdicts[r.run_id] == "better"):
         quality, change = values[r.run_id]
         out.append(
-            f"{s.title} {s.better_word}{where} for {r.precision}: {s.show(quality)} "
+            f"{s.title} {s.better_word}{where} for {r.mode}: {s.show(quality)} "
             f"({s.show_change(change)} vs {base}; at this run length that is noise, "
             "not a gain)."
         )
@@ -187,9 +187,9 @@ def _interval(r: Row, base: str) -> str:
     assert s is not None  # a row with a change against the baseline has its score
     if est is not None and stats.wide(est, s.tolerance, ratio=False):
         why = stats.too_wide(est, s.tolerance, False, s.plus_minus())
-        return f"{r.precision}'s {s.label} against {base}'s is {change_of(r)}, but {why}"
+        return f"{r.mode}'s {s.label} against {base}'s is {change_of(r)}, but {why}"
     words = COMPARE_WORDS[stats.compare(est, 0.0)]
-    return f"{r.precision}'s {s.label} {words} {base}'s ({change_of(r)})"
+    return f"{r.mode}'s {s.label} {words} {base}'s ({change_of(r)})"
 
 
 def verdict(r: Row) -> str:
@@ -220,7 +220,7 @@ def words(r: Row, base: Row) -> str:
     est = r.ci.get("quality_change")
     spread = est.half_width if est is not None and est.has_interval else None
     change = s.show_change(r.quality_change, spread)
-    return f"{s.label} {s.show(r.quality)} ({change} vs {base.precision})"
+    return f"{s.label} {s.show(r.quality)} ({change} vs {base.mode})"
 
 
 # ---------------------------------------------------------------- time to quality
@@ -246,7 +246,7 @@ def describe_target(target: float, score: Score, base: Row | None, given: bool) 
     op = ">=" if score.higher_is_better else "<="
     if given or base is None:
         return f"{score.short} {op} {target:.3f} (--target)"
-    why = f"{score.within(score.target)} of {base.precision}'s {base.quality:.3f}"
+    why = f"{score.within(score.target)} of {base.mode}'s {base.quality:.3f}"
     return f"{score.short} {op} {target:.3f} ({why})"
 
 

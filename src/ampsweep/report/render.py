@@ -41,7 +41,7 @@ class Column:
 
 COLUMNS = [
     Column("precision", "mode", "s"),
-    Column("varies", "config", "s", when="text"),
+    Column("config", "config", "s", when="text"),
     Column("model", "model", "s", when="differs"),
     Column("dataset", "data", "s", when="differs"),
     Column("shown_status", "status", "s", when="differs"),

@@ -186,11 +186,9 @@ SEED = "trainer.seed"  # what repeats of one configuration differ in
 # A run's name, and what the config hash leaves out (``engine.run_folder``): the run computes
 # the same whatever they are, so they never part two runs, nor show in the config column.
 NOT_COMPARED = ("tracking.run_name", *NOT_HASHED)
-# Precision settings that tell two runs of one mode apart in the report's config column (a
-# run of bf16 and the doctor's bf16 with precision.keep_fp32=[fc2]); other precision keys
-# follow from the mode and are said by its name.
-# FSDP's mixed-precision policy is a precision axis of its own (a sweep over
-# precision.fsdp.reduce_dtype=fp32,bf16 compares its values as it compares modes).
+# Precision settings that tell two rows of one mode apart (bf16, the doctor's bf16 with
+# precision.keep_fp32=[fc2]), each compared with its mode's baseline; the rest follow from the
+# mode. FSDP's policy is a precision axis too (fsdp.reduce_dtype=fp32,bf16 compares as modes).
 SHOWN_PRECISION = (
     "precision.master_weights",
     "precision.keep_fp32",
@@ -198,11 +196,19 @@ SHOWN_PRECISION = (
     "precision.fsdp.param_dtype",
     "precision.fsdp.reduce_dtype",
 )
+UNSET = ("", "false", "[]", "none", "null")  # a setting at its default, as MLflow logged it
 
 
 def shown_precision(params: dict[str, str]) -> tuple:
-    """The precision settings beyond the mode that tell a run's row apart (SHOWN_PRECISION)."""
-    return tuple((k, params[k]) for k in SHOWN_PRECISION if k in params)
+    """The precision settings beyond the mode that tell a run's row apart (SHOWN_PRECISION),
+    those left at their defaults left out: a run of fp32 is one whatever its sweep set."""
+    return tuple((k, v) for k in SHOWN_PRECISION if (v := params.get(k, "")).lower() not in UNSET)
+
+
+def precision_set(params: dict[str, str]) -> str:
+    """The row's precision settings in words (``master_weights=true``): only where set."""
+    shown = shown_precision(params)
+    return " ".join(f"{k.rsplit('.', 1)[-1]}={'true' if v == 'True' else v}" for k, v in shown)
 
 
 def config_key(params: dict[str, str], ignore: tuple[str, ...] = ()) -> tuple:
@@ -218,17 +224,10 @@ def config_key(params: dict[str, str], ignore: tuple[str, ...] = ()) -> tuple:
 
 def varying(runs: list[RunData], ignore: tuple[str, ...] = ()) -> dict[str, str]:
     """Run id -> the settings beyond precision that tell it apart from the sweep's other runs
-    (``lr=0.01``; a key shortened to its last part unless that is ambiguous). Where the model
-    or data set itself differs (they have columns of their own), its settings are left out."""
+    (``lr=0.01``; a key shortened to its last part unless that is ambiguous): its configuration.
+    Where the model or data set differs (columns of their own), its settings are left out."""
     skip = (*ignore, *NOT_COMPARED)
-    keys = sorted(
-        {
-            k
-            for r in runs
-            for k in r.params
-            if (not k.startswith("precision.") or k in SHOWN_PRECISION) and k not in skip
-        }
-    )
+    keys = sorted({k for r in runs for k in r.params if not k.startswith("precision.")} - set(skip))
     differ = [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
     swapped = {k.split(".", 1)[0] for k in differ if k.endswith(".name")}
     differ = [k for k in differ if k.split(".", 1)[0] not in swapped or k == "optimizer.name"]

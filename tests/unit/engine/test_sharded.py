@@ -159,8 +159,8 @@ def test_the_report_compares_fsdp_reductions_as_it_compares_modes():
             _run("c", "bf16", "bf16", 11.0)]  # fmt: skip
     rows = {r.run_id: r for r in sweeps.compute_rows(runs)}
     assert rows["b"].baseline_run_id == rows["c"].baseline_run_id == "a"
-    assert rows["b"].varies == "param_dtype=bf16 reduce_dtype=fp32"
-    assert rows["c"].varies == "param_dtype=bf16 reduce_dtype=bf16"
+    assert rows["b"].config == "param_dtype=bf16 reduce_dtype=fp32"
+    assert rows["c"].config == "param_dtype=bf16 reduce_dtype=bf16"
     # Not merged as repeats of one configuration: one row each.
     summarised = stats.summarise(sweeps.compute_rows(runs), runs)
     assert [r.run_id for r in summarised] == ["a", "b", "c"]

@@ -299,9 +299,26 @@ def test_a_pure_mode_with_and_without_master_weights_group_apart():
     for r in runs:
         r.params["precision.master_weights"] = "True" if r.run_id in ("run-8", "run-9") else "False"
     rep = sweeps.make_report({"run_id": "p"}, runs)
-    assert [(r.precision, r.varies, r.n) for r in rep.summary][2:] == [
-        ("bf16_pure", "master_weights=False", 2), ("bf16_pure", "master_weights=True", 2),
+    # Only the row that set it says so; fp32 and bf16 could not set it and say nothing
+    assert [(r.precision, r.config, r.n) for r in rep.summary] == [
+        ("fp32", "", 3), ("bf16", "", 3), ("bf16_pure", "", 2),
+        ("bf16_pure", "master_weights=true", 2),
     ]  # fmt: skip
+    # One configuration, one fp32 baseline: the findings are not parted by the setting
+    assert not any("(cnn on digits, master" in f for f in rep.findings), rep.findings
+    assert any("bf16_pure (master_weights=true)'s accuracy is lower" in f for f in rep.findings)
+    assert {r.configuration for r in rep.summary} == {rep.summary[0].configuration}
+    assert rep.summary[3].baseline == rep.summary[2].baseline == "fp32-cnn-digits"
+
+
+def test_a_precision_setting_shows_where_it_is_set():
+    runs = three_seeds()
+    for r in runs:  # the doctor's numerics sweep: bf16 again with one module kept in fp32
+        r.params["precision.keep_fp32"] = "[fc2]" if r.run_id == "run-5" else "[]"
+    rows = sweeps.make_report({"run_id": "p"}, runs).rows
+    shown = {(r.precision, r.seed): r.config for r in rows}
+    assert shown[("bf16", "2")] == "keep_fp32=[fc2] seed=2"
+    assert shown[("bf16", "1")] == shown[("fp32", "1")] == "seed=1"  # [] is the default
 
 
 def test_a_failed_run_keeps_its_row_and_its_seed_is_left_out_of_the_pairs():

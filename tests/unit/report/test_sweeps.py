@@ -116,8 +116,8 @@ def test_a_prescribed_run_named_by_its_option_compares_with_fp32_and_shows_its_k
     rows = {r.run_id: r for r in sweeps.compute_rows(runs)}
     assert rows["fixed"].baseline_run_id == "fp32-cnn-0.001"
     assert rows["fixed"].speedup == pytest.approx(2.0)
-    assert rows["fixed"].varies == "keep_fp32=['fc2']"
-    assert rows["bf16-cnn-0.001"].varies == "keep_fp32=[]"
+    assert rows["fixed"].config == "keep_fp32=['fc2']"
+    assert rows["bf16-cnn-0.001"].config == ""  # at its default: nothing to tell apart
 
 
 def test_what_the_config_hash_leaves_out_neither_parts_runs_nor_shows_in_the_config_column():
