@@ -12,8 +12,9 @@ from ampsweep.config import compose as config
 from ampsweep.engine import build as train
 from ampsweep.engine import loop
 from ampsweep.measure import step_peak
+from ampsweep.measure.live import LIVE, Live
 from ampsweep.measure.memory import SavedTensorMeter
-from ampsweep.measure.step_peak import LIVE, Live, StepPeak
+from ampsweep.measure.step_peak import StepPeak
 
 CPU = torch.device("cpu")
 PARTS = (*step_peak.PARTS, "other")
