@@ -112,7 +112,7 @@ def findings(group: list[Row], base: str, where: str) -> list[str]:
     baseline = next((r for r in group if r.precision == base), None)
     unlearned = not_learned(baseline) if baseline is not None else ""
     if rows and unlearned:  # a score held against chance says nothing
-        modes = ", ".join(r.precision for r in rows)
+        modes = ", ".join(r.mode for r in rows)
         return [*out, f"No verdict on quality{where} for {modes}: {unlearned}."]
     if not rows:
         return out
