@@ -65,6 +65,11 @@ class StepView:
     skipped: torch.Tensor | None
     log: LogFn  # record metrics at this step
 
+    def add(self, x: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
+        """One micro-batch of the step: its inputs, targets and detached loss."""
+        self.micro_batches.append((x, y))
+        self.losses.append(loss)
+
 
 class Callback:
     """A per-step hook of ``fit``: override what you need (both are no-ops here).
@@ -148,6 +153,11 @@ class Totals:
         """Optimizer step ``step`` begins: timed, unless its memory is measured (once a run)."""
         if not self.peak.start(step):
             self.timer.start()
+
+    def saving(self, measured: bool):
+        """Around forward: on the ``measured`` micro-batch, what it saves for backward is
+        counted (the meter) and followed until backward lets go of it (the step's peak)."""
+        return self.meter.record(enabled=measured, keep=self.peak.keep)
 
     def add_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Count a micro-batch's loss; returns it detached (the graph is not kept alive)."""
@@ -259,16 +269,14 @@ def fit(
             with distributed.gradient_sync(model, sync=(state.batch + 1) % accum == 0):
                 # Autocast covers the forward pass and the loss only; backward runs outside
                 # it. The loss is computed in fp32 on fp32 logits (the objective upcasts them).
-                saving = totals.meter.record(enabled=first_batch, keep=totals.peak.keep)
-                with policy.autocast(), saving:
+                with policy.autocast(), totals.saving(measured=first_batch):
                     logits = model(x)
                     loss = objective(logits, y)
                 totals.peak.watch(loss)  # the measured step's backward, node by node
                 # Scale the loss so small fp16 gradients do not underflow (a no-op when off).
                 scaler.scale(_weighted(loss, loss_weight)).backward()
             detached = totals.add_loss(loss)
-            view.micro_batches.append((x, y))
-            view.losses.append(detached)
+            view.add(x, y, detached)
             state.batch += 1
             if state.batch % accum:
                 continue  # accumulate gradients over micro-batches
