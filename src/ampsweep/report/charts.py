@@ -24,8 +24,8 @@ from ampsweep.tracking.store import FINISHED
 
 
 def _label(row: Row, rows: list[Row]) -> str:
-    """The mode alone when each mode appears once, else the run name."""
-    return row.precision if sum(r.precision == row.precision for r in rows) == 1 else row.name
+    """The mode (with its precision settings) alone when each appears once, else the run name."""
+    return row.mode if sum(r.mode == row.mode for r in rows) == 1 else row.name
 
 
 def _errors(rows: list[Row], key: str):

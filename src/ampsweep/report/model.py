@@ -170,7 +170,8 @@ class Row:
     tflops: float | None = None
     mfu: float | None = None  # fraction of the GPU's peak for the mode's math
     varies: str = ""  # the settings beyond precision that differ between the sweep's runs
-    settings: str = ""  # precision settings set away from their defaults (master_weights=true)
+    # Precision settings set away from their defaults: (precision.master_weights, True)
+    precision_set: tuple[tuple[str, str], ...] = ()
     reused: bool = False  # an earlier launch's FINISHED run standing in for this job
     extra: dict[str, float] = field(default_factory=dict)  # OPTIONAL_PREFIXES metrics
     note: str = ""
@@ -250,6 +251,16 @@ class Row:
         return " ".join(x for x in (self.settings, self.varies) if x)
 
     @property
+    def precision_overrides(self) -> tuple[str, ...]:
+        """The overrides that set its precision settings: ``precision.master_weights=true``."""
+        return tuple(f"{k}={_as_set(v)}" for k, v in self.precision_set)
+
+    @property
+    def settings(self) -> str:
+        """Its precision settings in words (``master_weights=true``): only where set."""
+        return " ".join(f"{k.rsplit('.', 1)[-1]}={_as_set(v)}" for k, v in self.precision_set)
+
+    @property
     def mode(self) -> str:
         """The mode as findings name it: ``bf16_pure (master_weights=true)`` where set."""
         return f"{self.precision} ({self.settings})" if self.settings else self.precision
@@ -282,6 +293,11 @@ class Row:
     def scaler_skips(self) -> float | None:
         """Skipped steps where a scaler ran: only a scaler checks steps and skips them."""
         return self.skipped_steps if is_number(self.loss_scale) else None
+
+
+def _as_set(value: str) -> str:
+    """A param's value as an override sets it (MLflow logged Python's ``True``)."""
+    return "true" if value == "True" else value
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,11 @@ def recommend(
             evidence={"baseline": unlearned},
             open_question="whether the baseline learns at all at this run length",
         )
-    wrong = [r.precision for r in others if numerics.went_wrong(r)]
+    wrong = [r.mode for r in others if numerics.went_wrong(r)]
     ruled_out = f" {', '.join(wrong)} went wrong numerically (see the findings)." if wrong else ""
-    verdicts = {r.precision: quality.verdict(r) for r in others if not numerics.went_wrong(r)}
-    held = [r for r in others if verdicts.get(r.precision) == "held"]
-    unsure = [r for r in others if verdicts.get(r.precision) == "open"]
+    verdicts = {r.mode: quality.verdict(r) for r in others if not numerics.went_wrong(r)}
+    held = [r for r in others if verdicts.get(r.mode) == "held"]
+    unsure = [r for r in others if verdicts.get(r.mode) == "open"]
     if device.get("device") == "cpu":
         gpu_command = _on_gpu(sweep_command, any(r.emulated for r in group))
         return _cpu(held, unsure, base, gpu_command, device, ruled_out)
@@ -75,11 +75,11 @@ def recommend(
 def _gpu(others, held, unsure, base, where, sweep_command, ruled_out) -> Recommendation:
     """On a device whose timings mean something: the fastest of the ``others`` modes that held
     their quality, or why none can be named yet."""
-    baseline_mode = base.precision
+    baseline_mode = base.mode
     busy = [r for r in held if is_number(r.speedup) and not r.emulated and r.contended]
     if busy:  # a contended timing is no verdict (``measure.contention``)
         ruled_out += (
-            f" The timings of {', '.join(r.precision for r in busy)} were contended (other "
+            f" The timings of {', '.join(r.mode for r in busy)} were contended (other "
             "processes busy on the machine): left out of the speed verdict."
         )
     timed = [r for r in held if is_number(r.speedup) and not r.emulated and not r.contended]
@@ -89,27 +89,27 @@ def _gpu(others, held, unsure, base, where, sweep_command, ruled_out) -> Recomme
         runner = rest[0] if rest else None
         return _use(best, runner, base, where, sweep_command, ruled_out)
     if busy and not timed:
-        names = ", ".join(r.precision for r in busy)
+        names = ", ".join(r.mode for r in busy)
         return Recommendation(
             None,
             f"{names} held quality against {baseline_mode}{where}, but every timing that would "
             "compare their speed was contended: other processes competed for the machine "
             "while they were timed. Rerun the sweep on an idle machine.",
             _sweep(sweep_command, {}),
-            evidence={r.precision: _evidence_line(r, base) for r in busy},
+            evidence={r.mode: _evidence_line(r, base) for r in busy},
             open_question=f"whether {names} is faster than {baseline_mode} on an idle machine",
         )
     wide = [r for r in timed + unsure if _open(r)]
     if wide:
         needed = max(_needed(r) for r in wide)
-        names = ", ".join(r.precision for r in wide)
+        names = ", ".join(r.mode for r in wide)
         return Recommendation(
             None,
             f"{names} cannot yet be told from {baseline_mode}{where}: the intervals over "
             f"{min(r.n for r in wide)} run(s) per mode are too wide to judge.{ruled_out} About "
             f"{needed} runs per mode would narrow them at this spread.",
             _sweep(sweep_command, {"sweep.repeats": str(needed)}),
-            evidence={r.precision: _evidence_line(r, base) for r in wide},
+            evidence={r.mode: _evidence_line(r, base) for r in wide},
             open_question=f"whether {names} is faster than {baseline_mode} with "
             f"{quality.label(wide)} held",
         )
@@ -117,15 +117,15 @@ def _gpu(others, held, unsure, base, where, sweep_command, ruled_out) -> Recomme
     also = ""
     if saving is not None and is_number(saving.activation_ratio) and saving.activation_ratio < 1:
         also = (
-            f" If memory is what you need, {saving.precision} held quality: "
+            f" If memory is what you need, {saving.mode} held quality: "
             f"{_evidence_line(saving, base)}."
         )
     return Recommendation(
         baseline_mode,
         f"no mode was faster than {baseline_mode} with its quality held{where}.{ruled_out}{also}",
-        _single(sweep_command, baseline_mode),
-        evidence={r.precision: _evidence_line(r, base) for r in others},
-        runner_up=saving.precision if saving is not None and also else None,
+        _single(sweep_command, base),
+        evidence={r.mode: _evidence_line(r, base) for r in others},
+        runner_up=saving.mode if saving is not None and also else None,
     )
 
 
@@ -205,36 +205,36 @@ def _evidence_line(r: Row, base: Row) -> str:
 
 
 def _use(best: Row, runner: Row | None, base: Row, where: str, command: str, ruled_out: str):
-    evidence = {best.precision: _evidence_line(best, base)}
+    evidence = {best.mode: _evidence_line(best, base)}
     second = ""
     assert best.speedup is not None  # the modes compared are timed
     if runner is not None:
         assert runner.speedup is not None
-        evidence[runner.precision] = _evidence_line(runner, base)
-        second = f" Runner-up: {runner.precision}, {how_much(runner.speedup)}."
+        evidence[runner.mode] = _evidence_line(runner, base)
+        second = f" Runner-up: {runner.mode}, {how_much(runner.speedup)}."
     scaler = _scaler(best)
     single = " (a single run per mode: sweep.repeats=3 gives each an interval)"
     return Recommendation(
-        best.precision,
-        f"{best.precision} is {how_much(best.speedup)} than {base.precision}{where} with its "
-        f"quality held: {evidence[best.precision]}; {scaler}{single if best.n == 1 else ''}."
+        best.mode,
+        f"{best.mode} is {how_much(best.speedup)} than {base.mode}{where} with its "
+        f"quality held: {evidence[best.mode]}; {scaler}{single if best.n == 1 else ''}."
         f"{second}{ruled_out}",
-        _single(command, best.precision),
+        _single(command, best),
         evidence=evidence,
-        runner_up=runner.precision if runner else None,
+        runner_up=runner.mode if runner else None,
     )
 
 
 def _cpu(held, unsure, base, gpu_command, device, ruled_out) -> Recommendation:
-    kept = "; ".join(f"{r.precision}: {quality.words(r, base)}, {_mem(r)}" for r in held)
+    kept = "; ".join(f"{r.mode}: {quality.words(r, base)}, {_mem(r)}" for r in held)
     kept = f" Quality held for {kept}." if held else ""
     if unsure:
-        names = ", ".join(r.precision for r in unsure)
+        names = ", ".join(r.mode for r in unsure)
         kept += f" The quality of {names} cannot be judged yet (intervals too wide)."
     busy = [r for r in held if r.contended]
     if busy:
         ruled_out += (
-            f" (The timings of {', '.join(r.precision for r in busy)} were also contended by "
+            f" (The timings of {', '.join(r.mode for r in busy)} were also contended by "
             "other busy processes.)"
         )
     return Recommendation(
@@ -243,7 +243,7 @@ def _cpu(held, unsure, base, gpu_command, device, ruled_out) -> Recommendation:
         f"which mode is faster on a GPU for {base.configuration}.{kept}{ruled_out} Run the "
         "same sweep on a GPU.",
         gpu_command,
-        evidence={r.precision: _evidence_line(r, base) for r in held},
+        evidence={r.mode: _evidence_line(r, base) for r in held},
         open_question="which mode is fastest on the GPU this model will train on",
     )
 
@@ -287,10 +287,10 @@ def _sweep(command: str, changes: dict[str, str], drop: tuple[str, ...] = ()) ->
     return shlex.join([*words, *(f"{k}={v}" for k, v in changes.items())])
 
 
-def _single(command: str, mode: str) -> str:
-    """One run of ``mode`` with the sweep's other settings: ``ampsweep train precision=bf16
-    model=...``; what only a sweep takes (``-m``, the seeds, repeats, a list of values) is
-    left out."""
+def _single(command: str, row: Row) -> str:
+    """One run of ``row``'s mode with its precision settings and the sweep's other settings:
+    ``ampsweep train precision=bf16_pure precision.master_weights=true model=...``; what only
+    a sweep takes (``-m``, the seeds, repeats, a list of values) is left out."""
     words = [
         w
         for w in _tokens(command)[2:]
@@ -298,4 +298,5 @@ def _single(command: str, mode: str) -> str:
         and not w.split("=", 1)[0].startswith(SWEEP_ONLY)
         and "," not in w.split("=", 1)[-1]
     ]
-    return shlex.join(["ampsweep", "train", f"precision={mode}", *words])
+    mode = [f"precision={row.precision}", *row.precision_overrides]
+    return shlex.join(["ampsweep", "train", *mode, *words])

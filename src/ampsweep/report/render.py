@@ -291,12 +291,15 @@ def to_csv(report: Report) -> str:
     extras = sorted({k for r in report.rows for k in r.extra})
     probed = sorted({k for r in report.rows for k in r.probe})  # a column per probe metric
     skip = ("extra", "probe", "ci", "members", "n", "memory")  # memory: the JSON's
-    fields = [k for k in Row.__dataclass_fields__ if k not in skip]
+    # a precision setting in words, as the config column shows it: master_weights=true
+    fields = [k if k != "precision_set" else "settings" for k in Row.__dataclass_fields__]
+    fields = [k for k in fields if k not in skip]
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(fields + extras + probed)
     for r in report.rows:
         d = asdict(r)
         d["score"] = r.score.name if r.score is not None else None  # the metric, e.g. val/acc
+        d["settings"] = r.settings
         writer.writerow(
             ["" if d[k] is None else d[k] for k in fields]
             + [r.extra.get(k, "") for k in extras]

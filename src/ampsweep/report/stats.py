@@ -205,12 +205,6 @@ def shown_precision(params: dict[str, str]) -> tuple:
     return tuple((k, v) for k in SHOWN_PRECISION if (v := params.get(k, "")).lower() not in UNSET)
 
 
-def precision_set(params: dict[str, str]) -> str:
-    """The row's precision settings in words (``master_weights=true``): only where set."""
-    shown = shown_precision(params)
-    return " ".join(f"{k.rsplit('.', 1)[-1]}={'true' if v == 'True' else v}" for k, v in shown)
-
-
 def config_key(params: dict[str, str], ignore: tuple[str, ...] = ()) -> tuple:
     """A run's config apart from its precision (and the keys in ``ignore``): runs with equal
     keys are comparable."""

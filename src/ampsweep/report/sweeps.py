@@ -34,7 +34,7 @@ from ampsweep.report.findings import findings, untimed_findings
 from ampsweep.report.model import Report, Row, RunData, is_number, parse_number
 from ampsweep.report.recommend import recommend
 from ampsweep.report.render import to_csv, to_json, to_markdown, to_note
-from ampsweep.report.stats import SEED, config_key, precision_set, summarise, varying
+from ampsweep.report.stats import SEED, config_key, shown_precision, summarise, varying
 from ampsweep.tracking import store
 from ampsweep.tracking.secrets import mask_files, mask_text
 from ampsweep.tracking.store import (
@@ -242,7 +242,7 @@ def _row(run: RunData, varies: str, budget: float | None) -> Row:
         tflops=m.get("perf/tflops"),
         mfu=m.get("perf/mfu"),
         varies=varies,
-        settings=precision_set(run.params),
+        precision_set=shown_precision(run.params),
         reused=run.stands_in_for_job is not None,
         extra={k: v for k, v in sorted(m.items()) if k.startswith(OPTIONAL_PREFIXES)},
         error=run.tags.get(ERROR, ""),

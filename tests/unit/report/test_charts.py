@@ -53,3 +53,21 @@ def test_charts_leave_the_processs_matplotlib_backend_alone(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def masters_sweep():
+    """fp32, bf16_pure, and bf16_pure again with fp32 master weights (run ids apart)."""
+    runs = [run(m, acc=0.98, sps=1000.0, act=a) for m, a in (("fp32", 4), ("bf16_pure", 2))]
+    runs.append(run("bf16_pure", acc=0.97, sps=900.0, act=2.0))
+    runs[2].run_id += "-masters"
+    for r in runs:
+        r.params["precision.master_weights"] = str(r is runs[2])
+    return sweeps.make_report({"run_id": "p"}, runs)
+
+
+def test_a_chart_labels_a_row_by_its_mode_and_its_precision_setting():
+    from ampsweep.report import charts
+
+    rep = masters_sweep()
+    labels = [charts._label(r, rep.summary) for r in rep.summary]
+    assert labels == ["fp32", "bf16_pure", "bf16_pure (master_weights=true)"]

@@ -184,3 +184,25 @@ def test_a_cpu_sweep_of_emulated_fp8_suggests_real_fp8_on_the_gpu(typed, gpu_has
     rerun = sweeps.make_report({"run_id": "p", "name": "s", "command": command}, runs)
     assert typed in rerun.recommendation.command
     assert "emulate=false" not in rerun.recommendation.command
+
+
+def test_a_row_with_a_precision_setting_is_recommended_by_it_and_its_command_sets_it():
+    # the doctor's verify sweep: bf16_pure beside bf16_pure with fp32 master weights
+    speeds = {"fp32": FP32, "bf16_pure": [1500.0, 1650.0, 1350.0], "masters": [2000.0] * 3}
+    runs, job = [], 0
+    for name, sps in speeds.items():
+        mode = "bf16_pure" if name == "masters" else name
+        for seed, (s, a) in enumerate(zip(sps, ACC, strict=True)):
+            runs.append(run(mode, seed, job, device=CUDA, sps=s, acc=a, act=1.0))
+            runs[-1].params["precision.master_weights"] = str(name == "masters")
+            job += 1
+    rep = sweeps.make_report({"run_id": "p", "name": "s", "command": COMMAND}, runs)
+    rec = rep.recommendation
+    assert (rec.mode, rec.runner_up) == ("bf16_pure (master_weights=true)", "bf16_pure")
+    assert rec.command == (
+        "ampsweep train precision=bf16_pure precision.master_weights=true model=cnn "
+        "trainer.epochs=2"
+    )
+    assert rec.reason.startswith("bf16_pure (master_weights=true) is 2.0x faster than fp32")
+    assert "Runner-up: bf16_pure, 1.5x faster." in rec.reason
+    assert set(rec.evidence) == {"bf16_pure (master_weights=true)", "bf16_pure"}

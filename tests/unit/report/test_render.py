@@ -73,3 +73,13 @@ def test_the_parent_runs_description_opens_with_the_answer_and_fits_mlflows_limi
     assert note.rstrip().endswith("Every run and every finding: the artifact report.md.")
     short = render.to_note(rep, charts, 1500)
     assert len(short) <= 1500 and "more finding(s) and every run: the artifact report.md" in short
+
+
+def test_a_precision_setting_is_in_words_in_the_csv_and_by_its_key_in_the_json():
+    from unit.report.test_charts import masters_sweep
+
+    rep = masters_sweep()
+    rows = list(csv.DictReader(io.StringIO(render.to_csv(rep))))
+    assert [r["settings"] for r in rows] == ["", "", "master_weights=true"]
+    shown = [r["precision_set"] for r in json.loads(render.to_json(rep))["rows"]]
+    assert shown == [[], [], [["precision.master_weights", "True"]]]
