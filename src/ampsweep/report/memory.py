@@ -182,17 +182,19 @@ def pure_of(mode: modes.PrecisionMode) -> modes.PrecisionMode | None:
     return next((m for m in modes.MODES.values() if m.pure and m.dtype == mode.dtype), None)
 
 
-def fixes(base: Breakdown, amp: Breakdown) -> list[Fix]:
+def fixes(base: Breakdown, amp: Breakdown, settings: tuple[str, ...] = ()) -> list[Fix]:
     """What shrinks the part that dominates ``base``'s peak, each predicted from ``amp``'s
     measured step: the weights and optimizer state (a pure mode, FSDP), or the activations (a
-    larger batch in the same memory, where autocast halved them)."""
+    larger batch in the same memory, where autocast halved them). ``settings``: the overrides
+    of ``amp``'s precision settings (``Row.precision_overrides``), which a fix that keeps its
+    mode keeps too."""
     mode = modes.MODES[amp.mode]
     out = []
     larger = amp.max_batch(base.total * capacity.MIB)
     if larger is not None and larger > amp.batch:
         out.append(
             Fix(
-                (f"precision={amp.mode}", f"{BATCH}={larger}"),
+                (f"precision={amp.mode}", *settings, f"{BATCH}={larger}"),
                 amp.at(larger).total,
                 f"the largest batch {amp.mode} fits in {base.mode}'s peak",
                 base.total,
@@ -228,7 +230,7 @@ def fixes(base: Breakdown, amp: Breakdown) -> list[Fix]:
             )
         out.append(
             Fix(
-                (f"precision={amp.mode}", "trainer.strategy=fsdp", "trainer.nproc=2"),
+                (f"precision={amp.mode}", *settings, "trainer.strategy=fsdp", "trainer.nproc=2"),
                 None,
                 "each rank holds half the weights, gradients and optimizer state",
             )
@@ -246,24 +248,25 @@ def findings(group: list[Row], base: str, where: str) -> list[str]:
     ref = next((bd for r, bd in found if r.precision == base), None)
     if ref is None:
         return []
-    out = [saved(ref, bd, where) for r, bd in found if r.precision != base]
-    out += [cache_finding(bd, where) for _, bd in found if bd.share("autocast_cache") >= NOTABLE]
-    out.append(fp8_finding([bd for _, bd in found], where))
+    out = [saved(ref, bd, where, r) for r, bd in found if r.precision != base]
+    out += [cache_finding(bd, where, r.mode) for r, bd in found if is_cached(bd)]
+    out.append(fp8_finding(found, where))
     return [line for line in out if line]
 
 
-def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
+def saved(ref: Breakdown, bd: Breakdown, where: str, row: Row | None = None) -> str:
     """``bf16 saved 4% of the step's peak against fp32, 812 MiB vs 846 MiB at batch 8: the
     activations, their gradients and backward's temporaries are 9% of fp32's peak; the
     weights, gradients and optimizer state are 71%. What dominates does not shrink with
-    autocast: ...``"""
+    autocast: ...``; ``row``: ``bd``'s, whose precision settings name it and its fixes."""
     change = 1 - bd.total / ref.total
     verb = f"saved {percent(change)} of the step's peak against {ref.mode}"
     if change < 0:
         verb = f"used {percent(-change)} more memory than {ref.mode} at the step's peak"
     if abs(change) < 0.005:
         verb = f"saved nothing of the step's peak against {ref.mode}"
-    head = f"{bd.mode} {verb}{where}, {mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch}"
+    name = row.mode if row is not None else bd.mode
+    head = f"{name} {verb}{where}, {mib(bd.total)} vs {mib(ref.total)} at batch {ref.batch}"
     act, weights = ref.share("activations", "activation_grads", "other"), ref.share(*WEIGHTS)
     why = (
         f"the activations, their gradients and backward's temporaries are {percent(act)} of "
@@ -293,12 +296,19 @@ def saved(ref: Breakdown, bd: Breakdown, where: str) -> str:
         lead = "the activations dominate, so autocast's saving is real: "
     else:
         lead = ""
-    shrink = "; ".join(f.text for f in fixes(ref, bd))
+    settings = row.precision_overrides if row is not None else ()
+    shrink = "; ".join(f.text for f in fixes(ref, bd, settings))
     return f"{head}: {why}." + (f" {lead[0].upper()}{lead[1:]}{shrink}." if shrink else "")
 
 
-def cache_finding(bd: Breakdown, where: str) -> str:
-    """Autocast's cache of half-precision weight copies, where it is a tenth of the peak."""
+def is_cached(bd: Breakdown) -> bool:
+    """Whether autocast's cache is a tenth of the peak: worth a finding of its own."""
+    return bd.share("autocast_cache") >= NOTABLE
+
+
+def cache_finding(bd: Breakdown, where: str, name: str) -> str:
+    """Autocast's cache of half-precision weight copies, where it is a tenth of the peak
+    (``name``: the row's mode with its precision settings)."""
     mode = modes.MODES[bd.mode]
     cache = bd.parts["autocast_cache"]
     pure = pure_of(mode)
@@ -309,20 +319,21 @@ def cache_finding(bd: Breakdown, where: str) -> str:
             f"predicted {mib(bd.at(mode=pure.name).total)})"
         )
     return (
-        f"{bd.mode}'s autocast cache holds {mib(cache)} of {mode.dtype} weight copies{where}, "
+        f"{name}'s autocast cache holds {mib(cache)} of {mode.dtype} weight copies{where}, "
         f"{percent(cache / bd.total)} of its step's peak{fix}."
     )
 
 
-def fp8_finding(found: list[Breakdown], where: str) -> str:
-    """An fp8 mode that used more memory than the 16-bit autocast mode of its dtype."""
-    for bd in found:
+def fp8_finding(found: list[tuple[Row, Breakdown]], where: str) -> str:
+    """An fp8 mode that used more memory than the 16-bit autocast mode of its dtype (its row
+    without precision settings: a module kept in fp32 would not be autocast's plain cost)."""
+    for row, bd in found:
         mode = modes.MODES[bd.mode]
-        plain = next((b for b in found if b.mode == mode.dtype), None)
+        plain = next((b for r, b in found if b.mode == mode.dtype and not r.settings), None)
         if mode.fp8 and plain is not None and bd.total > plain.total:
             copies = bd.parts.get("fp8", 0.0)
             return (
-                f"{bd.mode} used more memory than {plain.mode}{where} ({mib(bd.total)} vs "
+                f"{row.mode} used more memory than {plain.mode}{where} ({mib(bd.total)} vs "
                 f"{mib(plain.total)}): its fp8 weight copies and scales ({mib(copies)}) are "
                 f"kept beside autocast's {plain.mode} ones without compile; "
                 f"trainer.compile=true fuses the casts into the matmuls."
@@ -336,11 +347,12 @@ def prediction_findings(rows: list[Row], runs: list[RunData]) -> list[str]:
     params = {r.run_id: r.params for r in runs}
     groups: dict[tuple, list[tuple[Row, Breakdown]]] = {}
     for row, bd in measured_rows(rows):
-        key = (row.precision, config_key(params.get(row.run_id, {}), ignore=(BATCH, SEED)))
+        # a precision setting parts a series: master weights hold more at every batch
+        key = (row.mode, config_key(params.get(row.run_id, {}), ignore=(BATCH, SEED)))
         groups.setdefault(key, []).append((row, bd))
     out = []
     for group in groups.values():
-        (_, small), *rest = sorted(group, key=lambda m: m[1].batch)
+        (first, small), *rest = sorted(group, key=lambda m: m[1].batch)
         checks = []
         for _, bd in rest:
             if bd.batch == small.batch:
@@ -353,7 +365,7 @@ def prediction_findings(rows: list[Row], runs: list[RunData]) -> list[str]:
             )
         if checks:
             out.append(
-                f"{small.mode}'s step peak predicted from its batch-{small.batch} run: "
+                f"{first.mode}'s step peak predicted from its batch-{small.batch} run: "
                 + "; ".join(checks)
                 + "."
             )
@@ -374,7 +386,7 @@ def table(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     shown = [p for p in capacity.PARTS if any(bd.parts.get(p) for _, bd in found)]
     headers = ["mode", "batch", "step peak", *(PART_NAMES[p] for p in shown)]
     body = [
-        [r.precision, str(bd.batch), cell(bd.total), *(cell(bd.parts[p]) for p in shown)]
+        [r.mode, str(bd.batch), cell(bd.total), *(cell(bd.parts[p]) for p in shown)]
         for r, bd in found
     ]
     return headers, body

@@ -185,3 +185,30 @@ def test_fp8_that_holds_more_than_bf16_is_said_so_with_its_copies():
     assert line.startswith("fp8_tensorwise used more memory than bf16 (252 MiB vs 222 MiB)")
     assert "its fp8 weight copies and scales (30 MiB)" in line
     assert "trainer.compile=true" in line
+
+
+def test_a_mode_with_and_without_master_weights_is_named_apart_and_predicted_apart():
+    # the doctor's verify sweep: bf16_pure beside bf16_pure with fp32 master weights, each at
+    # batch 2 and 8 (a 16-bit copy of Adam's state beside fp32's, the fp32 copy of the weights)
+    pure = {"params": 32.0, "grads": 32.0, "optimizer": 64.0, "activations": 0.25, "other": 1.5}
+    masters = {**pure, "optimizer": 128.0, "master_weights": 64.0}
+    runs = [run("fp32", 2, WIDE_FP32)]
+    for batch, grown in ((2, 1.0), (8, 4.0)):
+        bigger = {"activations": 0.25 * grown, "other": 1.5 * grown}
+        for parts, setting in ((pure, "False"), (masters, "True")):
+            one = run("bf16_pure", batch, {**parts, **bigger})
+            one.run_id += f"-{setting}"
+            one.params["precision.master_weights"] = setting
+            runs.append(one)
+    rep = report_of(runs)
+    named = "bf16_pure (master_weights=true)"
+    head = next(f for f in rep.findings if f.startswith(f"{named} saved"))
+    # a fix that keeps the mode keeps its setting: running it measures what was predicted
+    assert "precision=bf16_pure precision.master_weights=true trainer.strategy=fsdp" in head
+    assert sum(f.startswith("bf16_pure saved") for f in rep.findings) == 1
+    series = [f for f in rep.findings if "predicted from its batch-2 run" in f]
+    assert sorted(f.split("'s step peak")[0] for f in series) == ["bf16_pure", named]
+    # each batch-8 run is predicted from its own setting's batch-2 run: within 1%
+    assert all(f.count("batch 8:") == 1 and "(+0.0%)" in f for f in series), series
+    headers, body = memory.table(rep.rows)
+    assert {r[0] for r in body} == {"fp32", "bf16_pure", named}
