@@ -352,7 +352,7 @@ def print_table(report: Report, console, wide: bool = False) -> None:
         console.print(table, width=min(console.width, CONSOLE_WIDTH), crop=False)
     for line in stats.lines(report):  # a search's best trial of each mode
         console.print(escape(line))
-    _print_memory(report, console)
+    _print_memory(report, console, wide)
     console.print("[bold]Findings[/]")
     if console.soft_wrap:  # not a terminal: one line per finding
         for f in report.findings:
@@ -366,7 +366,7 @@ def print_table(report: Report, console, wide: bool = False) -> None:
     console.print(findings)
 
 
-def _print_memory(report: Report, console) -> None:
+def _print_memory(report: Report, console, wide: bool) -> None:
     """The memory section: each mode's step peak and its parts, the baseline's top modules."""
     from rich import box
     from rich.markup import escape
@@ -381,7 +381,15 @@ def _print_memory(report: Report, console) -> None:
     for row in body:
         table.add_row(*map(escape, row))
     console.print("[bold]Memory of a training step[/] (MiB)")
-    console.print(table, crop=False)
+    needed = _width(headers, body)
+    if (wide or console.soft_wrap) and needed > console.width:
+        # a log or --wide: every part in full (a mode's setting widens the first column),
+        # where rich would cut each cell short to fit the console
+        from rich.console import Console
+
+        Console(file=console.file, width=needed, highlight=False, soft_wrap=True).print(table)
+    else:
+        console.print(table, crop=False)
     for line in memory.module_lines(report):
         console.print(escape(line))
 

@@ -5,9 +5,12 @@ run at that batch, the memory table and the stacked-bar chart; on runs built by 
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
+from rich.console import Console
 
 from ampsweep.measure import capacity
 from ampsweep.report import charts, memory, render, sweeps
@@ -212,3 +215,7 @@ def test_a_mode_with_and_without_master_weights_is_named_apart_and_predicted_apa
     assert all(f.count("batch 8:") == 1 and "(+0.0%)" in f for f in series), series
     headers, body = memory.table(rep.rows)
     assert {r[0] for r in body} == {"fp32", "bf16_pure", named}
+    # a log (not a terminal) prints the table whole, however long a row's mode
+    log = io.StringIO()
+    render.print_table(rep, Console(file=log, width=80, soft_wrap=True))
+    assert re.search(rf" {re.escape(named)} +2 +258 ", log.getvalue()), log.getvalue()
