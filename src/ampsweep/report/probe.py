@@ -236,7 +236,7 @@ def noscale_findings(done: list[Row], base: str) -> list[str]:
         if not is_mode(r.precision, lambda m: m.unscaled_fp16):
             continue
         text = (
-            f"fp16 without loss scaling ({r.precision}) {quality.reached(r, base)}. With no "
+            f"fp16 without loss scaling ({r.mode}) {quality.reached(r, base)}. With no "
             "scaler no step is checked or skipped: gradients too small for fp16 silently "
             "become zero"
         )
@@ -250,7 +250,7 @@ def noscale_findings(done: list[Row], base: str) -> list[str]:
         scaled = [x for x in done if is_mode(x.precision, scaled_fp16) and x.model == r.model]
         if scaled:
             parts = [
-                f"{x.precision} skipped {x.skipped_steps or 0:.0f} step(s), final scale "
+                f"{x.mode} skipped {x.skipped_steps or 0:.0f} step(s), final scale "
                 f"{x.loss_scale:g}"
                 for x in scaled
                 if is_number(x.loss_scale)

@@ -157,3 +157,18 @@ def test_a_modern_gpu_gets_no_hardware_caveat():
 def test_a_run_that_ended_without_an_error_says_so():
     text = findings_of([run("fp32", acc=0.9), run("bf16", status="KILLED")])
     assert "bf16-cnn-digits ended KILLED: no error recorded." in text
+
+
+def test_the_scaled_fp16_rows_beside_fp16_without_scaling_are_named_by_their_setting():
+    runs = [
+        run("fp32", acc=0.986, sps=5000.0, act=4.62),
+        run("fp16_noscale", acc=0.90, sps=1100.0, act=2.58),
+        run("fp16", acc=0.984, sps=1000.0, act=2.58, skipped=2.0, scale=16384.0),
+        run("fp16", acc=0.985, sps=990.0, act=2.60, skipped=0.0, scale=65536.0),
+    ]
+    runs[3].run_id += "-kept"  # the doctor's fp16 with fc2 kept in fp32
+    for r in runs:
+        r.params["precision.keep_fp32"] = "['fc2']" if r is runs[3] else "[]"
+    text = findings_of(runs)
+    assert "fp16 skipped 2 step(s), final scale 16384; " in text
+    assert "fp16 (keep_fp32=['fc2']) skipped 0 step(s), final scale 65536." in text
