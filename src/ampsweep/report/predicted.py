@@ -23,7 +23,7 @@ def findings(rows: list[Row]) -> list[str]:
         return []
     several = len({r.configuration for r in shown}) > 1
     parts = [
-        f"{r.name if several else r.precision} {r.extra[STEP_MS]:.3g} ms against "
+        f"{r.name if several else r.mode} {r.extra[STEP_MS]:.3g} ms against "
         f"{r.step_ms:.3g} ms ({r.extra[ERROR_PCT]:+.0f}%)"
         for r in shown
     ]

@@ -44,3 +44,14 @@ def test_runs_that_recorded_no_prediction_give_no_finding():
     report = sweeps.make_report({"run_id": "p"}, runs)
     assert predicted.findings(report.summary) == []
     assert not any(f.startswith("Predicted against") for f in report.findings)
+
+
+def test_a_row_with_a_precision_setting_is_named_by_it():
+    times = {"perf/step_time_ms": 0.5, "predict/step_ms": 0.6, "predict/error_pct": 20.0}
+    runs = [run("fp32", **times), run("bf16_pure", **times), run("bf16_pure", **times)]
+    runs[2].run_id = "bf16_pure-masters"
+    runs[2].params["precision.master_weights"] = "True"
+    report = sweeps.make_report({"run_id": "p"}, runs)
+    (found,) = [f for f in report.findings if f.startswith("Predicted against measured")]
+    assert "; bf16_pure 0.6 ms against" in found
+    assert "; bf16_pure (master_weights=true) 0.6 ms against 0.5 ms (+20%)." in found
