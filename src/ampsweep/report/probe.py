@@ -250,8 +250,7 @@ def noscale_findings(done: list[Row], base: str) -> list[str]:
         scaled = [x for x in done if is_mode(x.precision, scaled_fp16) and x.model == r.model]
         if scaled:
             parts = [
-                f"{x.mode} skipped {x.skipped_steps or 0:.0f} step(s), final scale "
-                f"{x.loss_scale:g}"
+                f"{x.mode} skipped {x.skipped_steps or 0:.0f} step(s), final scale {x.loss_scale:g}"
                 for x in scaled
                 if is_number(x.loss_scale)
             ]
