@@ -54,6 +54,7 @@ from ampsweep.cli.prescription import (
     verdict,
     write_experiment,
 )
+from ampsweep.config.compose import override_key
 from ampsweep.config.schema import ConfigError
 from ampsweep.measure.capacity import STEP_PEAK
 from ampsweep.precision import modes
@@ -410,8 +411,8 @@ class Doctor:
         includes: a command takes one experiment=)."""
         data = [o for p in rx for o in p.data]
         keys = {"experiment", *(o.split("=", 1)[0] for o in data)}
-        named = [o for o in self.rest if o.lstrip("+").split("=", 1)[0] == "experiment"]
-        rest = [o for o in self.rest if o.lstrip("+").split("=", 1)[0] not in keys]
+        named = [o for o in self.rest if override_key(o) == "experiment"]
+        rest = [o for o in self.rest if override_key(o) not in keys]
         rest += launch_settings(self.tuning) + data
         return rest, named[-1].split("=", 1)[1] if named else ""
 

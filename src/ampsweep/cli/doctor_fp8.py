@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ampsweep.cli.prescription import Prescription, Trial
+from ampsweep.config.compose import override_key
 from ampsweep.precision import modes
 
 if TYPE_CHECKING:  # named only: the gate imports torch where it runs
@@ -74,7 +75,7 @@ def launch_settings(tuning: list[str]) -> list[str]:
     """The user's ``precision.fp8.*`` settings a verifying sweep is launched with (its fp8
     runs need them, e.g. the emulation on a CPU; every other mode ignores them), less
     ``keep_bf16``, which the prescription's option sets."""
-    keys = [o.lstrip("+").split("=", 1)[0] for o in tuning]
+    keys = [override_key(o) for o in tuning]
     return [
         o
         for o, key in zip(tuning, keys, strict=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from ampsweep import console
 from ampsweep.cli.prescription import choice_of, launch, write_option, write_sweep
+from ampsweep.config.compose import override_key
 from ampsweep.config.schema import ConfigError
 from ampsweep.measure import capacity
 from ampsweep.precision import modes
@@ -189,9 +190,9 @@ class MemoryDoctor:
                 about.insert(0, f"prescription for {job.mode}: {job.fix.why}")
             body = job.body(f"{job.option}-{cfg.model.name}-{cfg.dataset.name}")
             write_option(self.doc.folder / EXPERIMENT, job.option, body, cfg, about)
-        keys = {o.lstrip("+").split("=", 1)[0] for j in jobs for o in j.overrides}
-        moved = [o for o in self.doc.rest if o.lstrip("+").split("=", 1)[0] in keys]
-        named = [o for o in self.doc.rest if o.lstrip("+").split("=", 1)[0] == "experiment"]
+        keys = {override_key(o) for j in jobs for o in j.overrides}
+        moved = [o for o in self.doc.rest if override_key(o) in keys]
+        named = [o for o in self.doc.rest if override_key(o) == "experiment"]
         user = [o for o in self.doc.rest if o not in moved and o not in named]
         experiment = named[-1].split("=", 1)[1] if named else ""
         sweeps = []
@@ -246,7 +247,7 @@ def check(overrides: list[str]) -> None:
     """Refuse what the memory examination cannot use: it trains one process, and prescribes
     FSDP's processes itself. Raises ConfigError."""
     for o in overrides:
-        key = o.lstrip("+").split("=", 1)[0]
+        key = override_key(o)
         if key in (NPROC, STRATEGY):
             raise ConfigError(
                 f"{o}: doctor --memory measures a step in one process and prescribes "

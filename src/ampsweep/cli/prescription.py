@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampsweep.config.compose import override_key
 from ampsweep.config.score import ACCURACY, Score, of_metrics
 from ampsweep.measure.names import NONFINITE_STEPS
 from ampsweep.precision import modes
@@ -124,7 +125,7 @@ def typed(x: float) -> str:
 def choice_of(overrides: list[str], key: str) -> str:
     """The value ``overrides`` give ``key`` (``+key=`` too), or ""."""
     for o in overrides:
-        if o.lstrip("+").split("=", 1)[0] == key.lstrip("+"):
+        if override_key(o) == override_key(key):
             return o.split("=", 1)[1]
     return ""
 

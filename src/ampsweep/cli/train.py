@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ampsweep import console
 from ampsweep.cli import trust
-from ampsweep.config.compose import config_dir, saved_config_overrides
+from ampsweep.config.compose import config_dir, override_key, saved_config_overrides
 from ampsweep.config.messages import CALLBACKS
 from ampsweep.config.schema import Config, ConfigError
 from ampsweep.engine import data, distributed
@@ -372,7 +372,7 @@ def interrupted(command: CommandContext, args: list[str], result=None) -> int:
             f"skipped, an interrupted one resumes): {typed}"
         )
     elif stopped.checkpoint:
-        keys = [a.lstrip("+").split("=", 1)[0] for a in args]
+        keys = [override_key(a) for a in args]
         kept = [a for a, k in zip(args, keys, strict=True) if k not in NOT_RESUMED]
         again = shlex.join(["ampsweep", "train", *kept, "trainer.resume=auto"])
         left = CALLBACKS_LEFT if CALLBACKS in keys else ""

@@ -123,11 +123,12 @@ def saved_config_overrides(conf: Path, config_name: str, given: Sequence[str]) -
                 out.append(f"{key.removeprefix('override ')}={option}")
     settings = flatten(OmegaConf.to_container(primary.hydra, resolve=False), "hydra.")
     out += [f"{key}={_quoted(value)}" for key, value in settings.items()]
-    taken = {_key(o) for o in given}
-    return [o for o in out if _key(o) not in taken]
+    taken = {override_key(o) for o in given}
+    return [o for o in out if override_key(o) not in taken]
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The key an override sets, adds or deletes (``+a.b=1``, ``~a.b``: ``a.b``)."""
     return override.lstrip("~+").split("=", 1)[0]
 
 
@@ -192,7 +193,7 @@ def composition_error(
 
 
 def _is_searchpath(override: str) -> bool:
-    return override.lstrip("+").split("=", 1)[0] == "hydra.searchpath"
+    return override_key(override) == "hydra.searchpath"
 
 
 def _keys_beside(
